@@ -1,0 +1,291 @@
+// SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
+/*
+ * ccscope: per-flow TCP congestion telemetry from BTF-typed tracepoints.
+ *
+ *   tp_btf/tcp_probe            every incoming segment on an established socket;
+ *                               refreshes the flow at most once per sample interval
+ *   tp_btf/tcp_retransmit_skb   retransmit counters per flow and per algorithm
+ *   tp_btf/inet_sock_set_state  final values when a tracked flow reaches TCP_CLOSE
+ *
+ * The hot path (tcp_probe between samples) is one hash lookup and a compare.
+ * Nothing here ever blocks: a full ring buffer only bumps a counter.
+ */
+#include <linux/types.h>
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
+#include <bpf/bpf_endian.h>
+#include "core_min.h"
+#include "ccscope.h"
+
+#define AF_INET 2
+#define AF_INET6 10
+#define TCP_CLOSE 7
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+/* Sizes are defaults; the loader resizes `flows` and `samples` before load. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u64);
+	__type(value, struct flow);
+} flows SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 20);
+} samples SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 64);
+	__type(key, struct cc_key);
+	__type(value, struct cc_stats);
+} cc_stats SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 128);
+	__type(key, struct hist_key);
+	__type(value, struct hist);
+} hists SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, CCSCOPE_CNT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} counters SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct config);
+} config SEC(".maps");
+
+static __always_inline void count(__u32 idx)
+{
+	__u64 *value = bpf_map_lookup_elem(&counters, &idx);
+
+	if (value)
+		*value += 1; /* per-CPU: no atomics needed */
+}
+
+static __always_inline struct config *get_config(void)
+{
+	__u32 zero = 0;
+
+	return bpf_map_lookup_elem(&config, &zero);
+}
+
+static __always_inline __u32 log2_u64(__u64 v)
+{
+	__u32 r = 0, shift;
+
+	shift = (v > 0xFFFFFFFFULL) << 5; v >>= shift; r |= shift;
+	shift = (v > 0xFFFF) << 4; v >>= shift; r |= shift;
+	shift = (v > 0xFF) << 3; v >>= shift; r |= shift;
+	shift = (v > 0xF) << 2; v >>= shift; r |= shift;
+	shift = (v > 0x3) << 1; v >>= shift; r |= shift;
+	r |= (v >> 1);
+	return r;
+}
+
+static __always_inline void observe(const char *ca_name, __u32 kind, __u64 value_us)
+{
+	struct hist_key key = { .kind = kind };
+	struct hist *h;
+	__u32 slot;
+
+	__builtin_memcpy(key.name, ca_name, CCSCOPE_CA_NAME_LEN);
+	h = bpf_map_lookup_elem(&hists, &key);
+	if (!h) {
+		struct hist empty = {};
+
+		bpf_map_update_elem(&hists, &key, &empty, BPF_NOEXIST);
+		h = bpf_map_lookup_elem(&hists, &key);
+		if (!h)
+			return;
+	}
+	slot = log2_u64(value_us);
+	if (slot >= CCSCOPE_HIST_SLOTS)
+		slot = CCSCOPE_HIST_SLOTS - 1;
+	__sync_fetch_and_add(&h->slots[slot], 1);
+	__sync_fetch_and_add(&h->sum_us, value_us);
+}
+
+static __always_inline struct cc_stats *cc_stats_for(const char *ca_name)
+{
+	struct cc_key key;
+	struct cc_stats *stats;
+
+	__builtin_memcpy(key.name, ca_name, CCSCOPE_CA_NAME_LEN);
+	stats = bpf_map_lookup_elem(&cc_stats, &key);
+	if (stats)
+		return stats;
+	struct cc_stats empty = {};
+	bpf_map_update_elem(&cc_stats, &key, &empty, BPF_NOEXIST);
+	return bpf_map_lookup_elem(&cc_stats, &key);
+}
+
+static __always_inline void read_ca_name(struct tcp_sock *tp, char *dst)
+{
+	const struct tcp_congestion_ops *ops = BPF_CORE_READ(tp, inet_conn.icsk_ca_ops);
+
+	if (ops)
+		bpf_probe_read_kernel_str(dst, CCSCOPE_CA_NAME_LEN, &ops->name);
+}
+
+/* Copy the kernel's current view of the socket into the flow record. */
+static __always_inline void refresh(struct flow *f, struct sock *sk, struct tcp_sock *tp, __u64 now)
+{
+	f->last_ns = now;
+	f->sk_state = sk->__sk_common.skc_state;
+	f->ca_state = BPF_CORE_READ_BITFIELD_PROBED(&tp->inet_conn, icsk_ca_state);
+	f->snd_cwnd = tp->snd_cwnd;
+	f->snd_ssthresh = tp->snd_ssthresh;
+	f->srtt_us = tp->srtt_us >> 3;   /* stored <<3 by the kernel */
+	f->rttvar_us = tp->mdev_us >> 2; /* what tcp_get_info() reports */
+	f->min_rtt_us = tp->rtt_min.s[0].v;
+	f->mss_cache = tp->mss_cache;
+	f->packets_out = tp->packets_out;
+	f->retrans_out = tp->retrans_out;
+	f->lost_out = tp->lost_out;
+	f->sacked_out = tp->sacked_out;
+	f->total_retrans = tp->total_retrans;
+	if (bpf_core_field_exists(tp->lost))
+		f->lost = tp->lost;
+	f->delivered = tp->delivered;
+	f->rate_delivered = tp->rate_delivered;
+	f->rate_interval_us = tp->rate_interval_us;
+	f->bytes_acked = tp->bytes_acked;
+	f->bytes_sent = tp->bytes_sent;
+	f->bytes_received = tp->bytes_received;
+	f->pacing_rate = sk->sk_pacing_rate;
+	read_ca_name(tp, f->ca_name);
+}
+
+static __always_inline void emit(const struct flow *f, __u8 event, const struct config *cfg)
+{
+	struct flow *sample;
+
+	if (!cfg || !cfg->emit_samples)
+		return;
+	sample = bpf_ringbuf_reserve(&samples, sizeof(*sample), 0);
+	if (!sample) {
+		count(CCSCOPE_CNT_SAMPLES_LOST);
+		return;
+	}
+	__builtin_memcpy(sample, f, sizeof(*sample));
+	sample->event = event;
+	bpf_ringbuf_submit(sample, 0);
+	count(CCSCOPE_CNT_SAMPLES);
+}
+
+static __always_inline struct flow *create_flow(struct sock *sk, struct tcp_sock *tp, __u64 cookie, __u64 now)
+{
+	struct flow f = {};
+	struct cc_stats *stats;
+
+	f.cookie = cookie;
+	f.first_ns = now;
+	f.netns = BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum);
+	f.family = sk->__sk_common.skc_family;
+	f.sport = sk->__sk_common.skc_num;
+	f.dport = bpf_ntohs(sk->__sk_common.skc_dport);
+	if (f.family == AF_INET6) {
+		BPF_CORE_READ_INTO(&f.saddr, sk, __sk_common.skc_v6_rcv_saddr);
+		BPF_CORE_READ_INTO(&f.daddr, sk, __sk_common.skc_v6_daddr);
+	} else {
+		__builtin_memcpy(f.saddr, (const void *)&sk->__sk_common.skc_rcv_saddr, 4);
+		__builtin_memcpy(f.daddr, (const void *)&sk->__sk_common.skc_daddr, 4);
+	}
+	read_ca_name(tp, f.ca_name);
+	if (bpf_map_update_elem(&flows, &cookie, &f, BPF_NOEXIST) != 0) {
+		count(CCSCOPE_CNT_FLOW_MAP_FULL);
+		return 0;
+	}
+	count(CCSCOPE_CNT_FLOWS_CREATED);
+	stats = cc_stats_for(f.ca_name);
+	if (stats)
+		__sync_fetch_and_add(&stats->flows, 1);
+	return bpf_map_lookup_elem(&flows, &cookie);
+}
+
+SEC("tp_btf/tcp_probe")
+int BPF_PROG(tcp_probe, struct sock *sk, const struct sk_buff *skb)
+{
+	struct config *cfg = get_config();
+	__u64 now = bpf_ktime_get_ns();
+	__u64 cookie = bpf_get_socket_cookie(sk);
+	struct flow *f = bpf_map_lookup_elem(&flows, &cookie);
+	struct tcp_sock *tp;
+
+	count(CCSCOPE_CNT_PROBE_EVENTS);
+	if (f && cfg && now - f->last_ns < cfg->sample_interval_ns)
+		return 0;
+	tp = bpf_skc_to_tcp_sock(sk);
+	if (!tp)
+		return 0;
+	if (!f) {
+		f = create_flow(sk, tp, cookie, now);
+		if (!f)
+			return 0;
+	}
+	refresh(f, sk, tp, now);
+	observe(f->ca_name, CCSCOPE_HIST_SRTT, f->srtt_us);
+	if (f->min_rtt_us && f->min_rtt_us != ~0U && f->srtt_us > f->min_rtt_us)
+		observe(f->ca_name, CCSCOPE_HIST_QUEUE_DELAY, f->srtt_us - f->min_rtt_us);
+	else
+		observe(f->ca_name, CCSCOPE_HIST_QUEUE_DELAY, 0);
+	emit(f, CCSCOPE_EV_PROBE, cfg);
+	return 0;
+}
+
+SEC("tp_btf/tcp_retransmit_skb")
+int BPF_PROG(tcp_retransmit_skb, const struct sock *sk, const struct sk_buff *skb)
+{
+	__u64 cookie = bpf_get_socket_cookie((void *)sk);
+	struct flow *f = bpf_map_lookup_elem(&flows, &cookie);
+	struct tcp_sock *tp = bpf_skc_to_tcp_sock((void *)sk);
+	char ca_name[CCSCOPE_CA_NAME_LEN] = {};
+	struct cc_stats *stats;
+
+	count(CCSCOPE_CNT_RETRANSMIT_EVENTS);
+	if (f)
+		__sync_fetch_and_add(&f->retransmit_events, 1);
+	if (!tp)
+		return 0;
+	read_ca_name(tp, ca_name);
+	stats = cc_stats_for(ca_name);
+	if (stats)
+		__sync_fetch_and_add(&stats->retransmits, 1);
+	return 0;
+}
+
+SEC("tp_btf/inet_sock_set_state")
+int BPF_PROG(inet_sock_set_state, const struct sock *sk, const int oldstate, const int newstate)
+{
+	__u64 cookie, now;
+	struct flow *f;
+	struct tcp_sock *tp;
+
+	if (newstate != TCP_CLOSE)
+		return 0;
+	cookie = bpf_get_socket_cookie((void *)sk);
+	f = bpf_map_lookup_elem(&flows, &cookie);
+	if (!f) /* only flows tcp_probe has seen are tracked */
+		return 0;
+	now = bpf_ktime_get_ns();
+	tp = bpf_skc_to_tcp_sock((void *)sk);
+	if (tp)
+		refresh(f, (struct sock *)sk, tp, now);
+	f->sk_state = TCP_CLOSE;
+	f->closed_ns = now;
+	count(CCSCOPE_CNT_FLOWS_CLOSED);
+	emit(f, CCSCOPE_EV_CLOSE, get_config());
+	return 0;
+}

@@ -1,0 +1,101 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/*
+ * The few kernel types ccscope reads, declared with preserve_access_index so
+ * every access is a CO-RE relocation resolved against the running kernel's
+ * BTF at load time. Offsets and sizes here do not matter; names do. Keeping
+ * our own minimal header (instead of a 130k-line vmlinux.h) makes the build
+ * independent of the build machine's kernel.
+ */
+#ifndef __CCSCOPE_CORE_MIN_H
+#define __CCSCOPE_CORE_MIN_H
+
+#pragma clang attribute push (__attribute__((preserve_access_index)), apply_to = record)
+
+struct ns_common {
+	unsigned int inum;
+};
+
+struct net {
+	struct ns_common ns;
+};
+
+typedef struct {
+	struct net *net;
+} possible_net_t;
+
+struct in6_addr {
+	union {
+		__u8 u6_addr8[16];
+	} in6_u;
+};
+
+struct sock_common {
+	__be32 skc_daddr;
+	__be32 skc_rcv_saddr;
+	__be16 skc_dport;
+	__u16 skc_num;
+	unsigned short skc_family;
+	volatile unsigned char skc_state;
+	possible_net_t skc_net;
+	struct in6_addr skc_v6_daddr;
+	struct in6_addr skc_v6_rcv_saddr;
+};
+
+struct sock {
+	struct sock_common __sk_common;
+	unsigned long sk_pacing_rate;
+};
+
+struct inet_sock {
+	struct sock sk;
+};
+
+struct tcp_congestion_ops {
+	char name[16];
+};
+
+struct inet_connection_sock {
+	struct inet_sock icsk_inet;
+	const struct tcp_congestion_ops *icsk_ca_ops;
+	__u8 icsk_ca_state: 5;
+	__u8 icsk_ca_initialized: 1;
+	__u8 icsk_ca_setsockopt: 1;
+	__u8 icsk_ca_dst_locked: 1;
+};
+
+struct minmax_sample {
+	__u32 t;
+	__u32 v;
+};
+
+struct minmax {
+	struct minmax_sample s[3];
+};
+
+struct tcp_sock {
+	struct inet_connection_sock inet_conn;
+	__u32 snd_cwnd;
+	__u32 snd_ssthresh;
+	__u32 srtt_us;
+	__u32 mdev_us;
+	struct minmax rtt_min;
+	__u32 mss_cache;
+	__u32 packets_out;
+	__u32 retrans_out;
+	__u32 lost_out;
+	__u32 sacked_out;
+	__u32 total_retrans;
+	__u32 lost;
+	__u32 delivered;
+	__u32 rate_delivered;
+	__u32 rate_interval_us;
+	__u64 bytes_acked;
+	__u64 bytes_sent;
+	__u64 bytes_received;
+};
+
+struct sk_buff;
+
+#pragma clang attribute pop
+
+#endif /* __CCSCOPE_CORE_MIN_H */

@@ -1,0 +1,35 @@
+"""Typed errors. Each reaches the user as one line naming the problem and the fix."""
+
+from __future__ import annotations
+
+
+class CcscopeError(Exception):
+    """Base of every error ccscope reports to the user; `exit_code` is the process status."""
+
+    exit_code = 1
+
+    def __init__(self, problem: str, fix: str | None = None) -> None:
+        self.problem = problem
+        self.fix = fix
+        super().__init__(self.line())
+
+    def line(self) -> str:
+        return f"{self.problem} ({self.fix})" if self.fix else self.problem
+
+
+class UsageError(CcscopeError):
+    """Bad flags or bad input files."""
+
+    exit_code = 2
+
+
+class PrerequisiteError(CcscopeError):
+    """Something the host lacks: privileges, BTF, libbpf, a tool, a kernel feature."""
+
+    exit_code = 3
+
+
+class BpfError(CcscopeError):
+    """libbpf failed to open, load or attach the BPF object."""
+
+    exit_code = 4

@@ -1,0 +1,155 @@
+"""A small ctypes binding over libbpf.so.1: just the calls ccscope needs.
+
+libbpf ≥ 1.0 returns NULL (pointers) or -errno (ints) and sets errno, so every
+wrapper turns a failure into an OSError carrying errno and libbpf's own last
+log line.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import os
+from collections.abc import Callable
+
+from .errors import PrerequisiteError
+
+LIBBPF_NAMES = ("libbpf.so.1", "libbpf.so")
+
+# enum libbpf_print_level: WARN, INFO, DEBUG
+_PRINT_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
+RingBufferCallback = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.vsnprintf.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_void_p]
+
+
+class _BatchOpts(ctypes.Structure):
+    _fields_ = [("sz", ctypes.c_size_t), ("elem_flags", ctypes.c_uint64), ("flags", ctypes.c_uint64)]
+
+
+def _signatures(lib: ctypes.CDLL) -> None:
+    p, i, u32, sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_size_t
+    table: dict[str, tuple[list, object]] = {
+        "libbpf_set_print": ([_PRINT_FN], p),
+        "bpf_object__open_file": ([ctypes.c_char_p, p], p),
+        "bpf_object__load": ([p], i),
+        "bpf_object__close": ([p], None),
+        "bpf_object__find_map_by_name": ([p, ctypes.c_char_p], p),
+        "bpf_object__find_program_by_name": ([p, ctypes.c_char_p], p),
+        "bpf_object__next_program": ([p, p], p),
+        "bpf_program__name": ([p], ctypes.c_char_p),
+        "bpf_program__attach": ([p], p),
+        "bpf_program__fd": ([p], i),
+        "bpf_link__destroy": ([p], i),
+        "bpf_map__set_max_entries": ([p, u32], i),
+        "bpf_map__fd": ([p], i),
+        "bpf_map_lookup_elem": ([i, p, p], i),
+        "bpf_map_update_elem": ([i, p, p, ctypes.c_uint64], i),
+        "bpf_map_delete_elem": ([i, p], i),
+        "bpf_map_get_next_key": ([i, p, p], i),
+        "bpf_map_lookup_batch": ([i, p, p, p, p, ctypes.POINTER(u32), p], i),
+        "libbpf_num_possible_cpus": ([], i),
+        "ring_buffer__new": ([i, RingBufferCallback, p, p], p),
+        "ring_buffer__poll": ([p, i], i),
+        "ring_buffer__consume": ([p], i),
+        "ring_buffer__epoll_fd": ([p], i),
+        "ring_buffer__free": ([p], None),
+    }
+    for name, (argtypes, restype) in table.items():
+        fn = getattr(lib, name)
+        fn.argtypes = argtypes
+        fn.restype = restype
+
+
+class Libbpf:
+    """Loaded libbpf with its log captured (libbpf prints to stderr by default)."""
+
+    def __init__(self) -> None:
+        self.lib = self._open()
+        _signatures(self.lib)
+        self.log: list[str] = []
+        self._print_cb = _PRINT_FN(self._on_print)  # keep a reference: libbpf holds the pointer
+        self.lib.libbpf_set_print(self._print_cb)
+
+    @staticmethod
+    def _open() -> ctypes.CDLL:
+        candidates = list(LIBBPF_NAMES)
+        found = ctypes.util.find_library("bpf")
+        if found:
+            candidates.append(found)
+        for name in candidates:
+            try:
+                return ctypes.CDLL(name, use_errno=True)
+            except OSError:
+                continue
+        raise PrerequisiteError(
+            "libbpf is not installed (libbpf.so.1 not found)",
+            "install it: apt-get install libbpf1",
+        )
+
+    def _on_print(self, level: int, fmt: bytes, va_list: int) -> int:
+        buf = ctypes.create_string_buffer(1024)
+        _libc.vsnprintf(buf, len(buf), fmt, va_list)
+        line = buf.value.decode(errors="replace").rstrip()
+        if line:
+            self.log.append(line)
+            del self.log[:-200]
+        return 0
+
+    def last_log(self, skip_prefixes: tuple[str, ...] = ()) -> str:
+        for line in reversed(self.log):
+            if not line.startswith(skip_prefixes):
+                return line
+        return ""
+
+    def check_ptr(self, ptr: int | None, what: str) -> int:
+        if not ptr:
+            err = ctypes.get_errno() or errno.EINVAL
+            raise OSError(err, f"{what}: {os.strerror(err)}")
+        return ptr
+
+    def check_int(self, ret: int, what: str) -> int:
+        if ret < 0:
+            err = -ret if ret != -1 else (ctypes.get_errno() or errno.EINVAL)
+            raise OSError(err, f"{what}: {os.strerror(err)}")
+        return ret
+
+
+class RingBuffer:
+    """Consumes a BPF ring buffer, calling `handler(bytes)` for each record."""
+
+    def __init__(self, libbpf: Libbpf, map_fd: int, handler: Callable[[bytes], None]) -> None:
+        self._libbpf = libbpf
+        self._handler = handler
+        self._cb = RingBufferCallback(self._on_record)
+        self._rb = libbpf.check_ptr(
+            libbpf.lib.ring_buffer__new(map_fd, self._cb, None, None), "ring_buffer__new"
+        )
+        self.error: BaseException | None = None
+
+    def _on_record(self, _ctx: int, data: int, size: int) -> int:
+        try:
+            self._handler(ctypes.string_at(data, size))
+        except BaseException as exc:  # noqa: BLE001 - stop polling, re-raised by poll()
+            self.error = exc
+            return -1
+        return 0
+
+    def poll(self, timeout_ms: int) -> int:
+        ret = self._libbpf.lib.ring_buffer__poll(self._rb, timeout_ms)
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+        if ret < 0 and ret != -errno.EINTR:
+            self._libbpf.check_int(ret, "ring_buffer__poll")
+        return max(ret, 0)
+
+    def fileno(self) -> int:
+        return self._libbpf.lib.ring_buffer__epoll_fd(self._rb)
+
+    def close(self) -> None:
+        if self._rb:
+            self._libbpf.lib.ring_buffer__free(self._rb)
+            self._rb = None

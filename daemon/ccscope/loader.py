@@ -1,0 +1,277 @@
+"""Opens, loads and attaches bpf/ccscope.bpf.o through libbpf, and reads its maps."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from . import bpf_types as bt
+from .errors import BpfError, PrerequisiteError
+from .libbpf import Libbpf, RingBuffer
+
+PROGRAMS = ("tcp_probe", "tcp_retransmit_skb", "inet_sock_set_state")
+TRACEPOINTS = {
+    "tcp_probe": "tcp:tcp_probe",
+    "tcp_retransmit_skb": "tcp:tcp_retransmit_skb",
+    "inet_sock_set_state": "sock:inet_sock_set_state",
+}
+DEFAULT_BTF = "/sys/kernel/btf/vmlinux"
+CAP_SYS_ADMIN, CAP_PERFMON, CAP_BPF = 21, 38, 39
+BATCH = 1024
+
+
+def btf_path() -> str:
+    """Kernel BTF to use; CCSCOPE_BTF points at another file (e.g. from BTFHub) on kernels without it."""
+    return os.environ.get("CCSCOPE_BTF", DEFAULT_BTF)
+
+
+def object_path() -> Path:
+    override = os.environ.get("CCSCOPE_BPF_OBJECT")
+    if override:
+        return Path(override)
+    return Path(str(resources.files("ccscope") / "bpf" / "ccscope.bpf.o"))
+
+
+def effective_capabilities() -> int:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("CapEff:"):
+                return int(line.split()[1], 16)
+    except OSError:
+        pass
+    return 0
+
+
+def has_bpf_privileges(caps: int | None = None) -> bool:
+    caps = effective_capabilities() if caps is None else caps
+
+    def has(bit: int) -> bool:
+        return bool(caps >> bit & 1)
+
+    return has(CAP_SYS_ADMIN) or (has(CAP_BPF) and has(CAP_PERFMON))
+
+
+def preflight() -> None:
+    """Fail early, with the fix, on what would otherwise surface as a cryptic libbpf error."""
+    if not has_bpf_privileges():
+        raise PrerequisiteError(
+            "not allowed to load BPF programs (needs root, or CAP_BPF and CAP_PERFMON)",
+            "run with sudo, or grant the capabilities: setcap cap_bpf,cap_perfmon+ep",
+        )
+    if not Path(btf_path()).is_file():
+        raise PrerequisiteError(
+            f"kernel BTF not found at {btf_path()}",
+            "use a kernel built with CONFIG_DEBUG_INFO_BTF=y, or point CCSCOPE_BTF at a BTF file for this kernel",
+        )
+    if not object_path().is_file():
+        raise PrerequisiteError(
+            f"BPF object missing at {object_path()}",
+            "build it: make bpf (needs clang and libbpf-dev)",
+        )
+
+
+class _OpenOpts(ctypes.Structure):
+    """struct bpf_object_open_opts of libbpf 1.x, up to btf_custom_path."""
+
+    _fields_ = [
+        ("sz", ctypes.c_size_t),
+        ("object_name", ctypes.c_char_p),
+        ("relaxed_maps", ctypes.c_bool),
+        ("pin_root_path", ctypes.c_char_p),
+        ("attach_prog_fd", ctypes.c_uint32),
+        ("kconfig", ctypes.c_char_p),
+        ("btf_custom_path", ctypes.c_char_p),
+    ]
+
+
+@dataclass
+class ProbeOptions:
+    max_flows: int = 16384
+    ringbuf_bytes: int = 4 << 20
+    sample_interval_ns: int = 10_000_000
+    emit_samples: bool = False
+
+
+class TelemetryProbe:
+    """The loaded and attached BPF side. Use as a context manager: links detach on exit."""
+
+    def __init__(self, options: ProbeOptions | None = None) -> None:
+        self.options = options or ProbeOptions()
+        self.libbpf: Libbpf | None = None
+        self._obj: int | None = None
+        self._links: list[int] = []
+        self._maps: dict[str, int] = {}
+        self._ncpus = 1
+
+    def __enter__(self) -> TelemetryProbe:
+        try:
+            self.open()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def open(self) -> None:
+        preflight()
+        self.libbpf = Libbpf()
+        lib = self.libbpf.lib
+        self._ncpus = max(1, lib.libbpf_num_possible_cpus())
+        opts = _OpenOpts(sz=ctypes.sizeof(_OpenOpts))
+        if btf_path() != DEFAULT_BTF:
+            opts.btf_custom_path = btf_path().encode()
+        path = str(object_path()).encode()
+        self._obj = lib.bpf_object__open_file(path, ctypes.byref(opts))
+        if not self._obj:
+            raise BpfError(f"cannot open BPF object {object_path()}: {self._libbpf_reason()}")
+        self._size_maps()
+        if lib.bpf_object__load(self._obj) != 0:
+            raise BpfError(f"kernel rejected the BPF programs: {self._libbpf_reason()}",
+                           "run `ccscope check` to see what this kernel lacks")
+        for name in ("flows", "samples", "cc_stats", "hists", "counters", "config"):
+            self._maps[name] = lib.bpf_map__fd(lib.bpf_object__find_map_by_name(self._obj, name.encode()))
+        self.set_config(self.options.sample_interval_ns, self.options.emit_samples)
+        for name in PROGRAMS:
+            self._attach(name)
+
+    def _size_maps(self) -> None:
+        lib = self.libbpf.lib
+        sizes = {"flows": self.options.max_flows, "samples": _ringbuf_size(self.options.ringbuf_bytes)}
+        for name, size in sizes.items():
+            bpf_map = lib.bpf_object__find_map_by_name(self._obj, name.encode())
+            if not bpf_map or lib.bpf_map__set_max_entries(bpf_map, size) != 0:
+                raise BpfError(f"cannot size map {name} to {size}: {self._libbpf_reason()}")
+
+    def _attach(self, name: str) -> None:
+        lib = self.libbpf.lib
+        prog = lib.bpf_object__find_program_by_name(self._obj, name.encode())
+        link = lib.bpf_program__attach(prog) if prog else None
+        if not link:
+            raise PrerequisiteError(
+                f"cannot attach to tracepoint {TRACEPOINTS[name]}: {self._libbpf_reason()}",
+                "needs Linux >= 5.8 with BTF; run `ccscope check`",
+            )
+        self._links.append(link)
+
+    def _libbpf_reason(self) -> str:
+        err = ctypes.get_errno()
+        log = self.libbpf.last_log() if self.libbpf else ""
+        reason = log.removeprefix("libbpf: ") if log else os.strerror(err or errno.EINVAL)
+        return reason.rstrip(".")
+
+    def close(self) -> None:
+        if self.libbpf is None:
+            return
+        lib = self.libbpf.lib
+        for link in self._links:
+            lib.bpf_link__destroy(link)
+        self._links.clear()
+        if self._obj:
+            lib.bpf_object__close(self._obj)
+            self._obj = None
+        self._maps.clear()
+
+    # --- configuration -------------------------------------------------------
+
+    def set_config(self, sample_interval_ns: int, emit_samples: bool) -> None:
+        cfg = bt.Config(sample_interval_ns=sample_interval_ns, emit_samples=int(emit_samples))
+        key = ctypes.c_uint32(0)
+        self._check(self.libbpf.lib.bpf_map_update_elem(
+            self._maps["config"], ctypes.byref(key), ctypes.byref(cfg), 0), "update config")
+
+    # --- map readers -------------------------------------------------------------
+
+    def read_flows(self) -> list[bt.Flow]:
+        """All tracked flows, read in batches (one syscall per BATCH flows)."""
+        lib, fd = self.libbpf.lib, self._maps["flows"]
+        keys = (ctypes.c_uint64 * BATCH)()
+        values = (bt.Flow * BATCH)()
+        in_batch, out_batch = ctypes.c_uint64(0), ctypes.c_uint64(0)
+        flows: list[bt.Flow] = []
+        first = True
+        while True:
+            count = ctypes.c_uint32(BATCH)
+            ret = lib.bpf_map_lookup_batch(
+                fd, None if first else ctypes.byref(in_batch), ctypes.byref(out_batch),
+                keys, values, ctypes.byref(count), None)
+            err = ctypes.get_errno() if ret < 0 else 0
+            flows.extend(bt.Flow.from_buffer_copy(values[i]) for i in range(count.value))
+            if ret < 0:
+                if err == errno.ENOENT or -ret == errno.ENOENT:
+                    return flows
+                self._check(ret, "read flows")
+            in_batch.value, first = out_batch.value, False
+
+    def delete_flow(self, cookie: int) -> None:
+        key = ctypes.c_uint64(cookie)
+        self.libbpf.lib.bpf_map_delete_elem(self._maps["flows"], ctypes.byref(key))
+
+    def cc_stats(self) -> dict[str, bt.CcStats]:
+        return {
+            _cstr(key.name): value
+            for key, value in self._iterate("cc_stats", bt.CcKey, bt.CcStats)
+        }
+
+    def hists(self) -> dict[tuple[str, bt.HistKind], bt.Hist]:
+        return {
+            (_cstr(key.name), bt.HistKind(key.kind)): value
+            for key, value in self._iterate("hists", bt.HistKey, bt.Hist)
+        }
+
+    def counters(self) -> dict[bt.Counter, int]:
+        fd = self._maps["counters"]
+        values = (ctypes.c_uint64 * self._ncpus)()
+        totals: dict[bt.Counter, int] = {}
+        for counter in bt.Counter:
+            key = ctypes.c_uint32(counter)
+            self._check(self.libbpf.lib.bpf_map_lookup_elem(fd, ctypes.byref(key), values), "read counters")
+            totals[counter] = sum(values)
+        return totals
+
+    def ring_buffer(self, handler: Callable[[bt.Flow], None]) -> RingBuffer:
+        def decode(data: bytes) -> None:
+            handler(bt.Flow.from_buffer_copy(data[: ctypes.sizeof(bt.Flow)]))
+
+        return RingBuffer(self.libbpf, self._maps["samples"], decode)
+
+    def program_fds(self) -> dict[str, int]:
+        lib = self.libbpf.lib
+        return {
+            name: lib.bpf_program__fd(lib.bpf_object__find_program_by_name(self._obj, name.encode()))
+            for name in PROGRAMS
+        }
+
+    def _iterate(self, name: str, key_type: type, value_type: type) -> list[tuple]:
+        lib, fd = self.libbpf.lib, self._maps[name]
+        items = []
+        key, next_key = key_type(), key_type()
+        first = True
+        while lib.bpf_map_get_next_key(fd, None if first else ctypes.byref(key), ctypes.byref(next_key)) == 0:
+            value = value_type()
+            if lib.bpf_map_lookup_elem(fd, ctypes.byref(next_key), ctypes.byref(value)) == 0:
+                items.append((key_type.from_buffer_copy(next_key), value))
+            ctypes.memmove(ctypes.byref(key), ctypes.byref(next_key), ctypes.sizeof(key_type))
+            first = False
+        return items
+
+    def _check(self, ret: int, what: str) -> None:
+        if ret < 0:
+            err = ctypes.get_errno() or -ret
+            raise BpfError(f"{what}: {os.strerror(err)}")
+
+
+def _cstr(raw: bytes) -> str:
+    return raw.split(b"\0", 1)[0].decode(errors="replace") or "unknown"
+
+
+def _ringbuf_size(requested: int) -> int:
+    """Ring buffers must be a power of two pages."""
+    size = max(requested, os.sysconf("SC_PAGE_SIZE"))
+    return 1 << (size - 1).bit_length()
