@@ -30,7 +30,7 @@ class _BatchOpts(ctypes.Structure):
 
 
 def _signatures(lib: ctypes.CDLL) -> None:
-    p, i, u32, sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_size_t
+    p, i, u32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32
     table: dict[str, tuple[list, object]] = {
         "libbpf_set_print": ([_PRINT_FN], p),
         "bpf_object__open_file": ([ctypes.c_char_p, p], p),
@@ -132,7 +132,7 @@ class RingBuffer:
     def _on_record(self, _ctx: int, data: int, size: int) -> int:
         try:
             self._handler(ctypes.string_at(data, size))
-        except BaseException as exc:  # noqa: BLE001 - stop polling, re-raised by poll()
+        except BaseException as exc:
             self.error = exc
             return -1
         return 0

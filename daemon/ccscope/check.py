@@ -1,0 +1,124 @@
+"""`ccscope check`: can this host run ccscope, and if not, what is missing and how to fix it."""
+
+from __future__ import annotations
+
+import ctypes
+import platform
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import loader
+from .errors import CcscopeError
+
+REQUIRED_TRACEPOINTS = ("tcp_probe", "tcp_retransmit_skb", "inet_sock_set_state")
+SCENARIO_TOOLS = {"iperf3": "iperf3", "ping": "iputils-ping", "tc": "iproute2", "ip": "iproute2",
+                  "iptables": "iptables", "ethtool": "ethtool"}
+
+
+@dataclass(frozen=True)
+class Result:
+    name: str
+    status: str  # "ok", "warn", "FAIL"
+    detail: str
+
+    @property
+    def failed(self) -> bool:
+        return self.status == "FAIL"
+
+
+def check_privileges(caps: int | None = None) -> Result:
+    if loader.has_bpf_privileges(caps):
+        return Result("privileges", "ok", "can load BPF (CAP_BPF+CAP_PERFMON or CAP_SYS_ADMIN)")
+    return Result("privileges", "FAIL", "needs root or CAP_BPF+CAP_PERFMON: run with sudo")
+
+
+def check_kernel(release: str | None = None) -> Result:
+    release = release or platform.release()
+    try:
+        major, minor = (int(x) for x in release.split(".")[:2])
+    except ValueError:
+        return Result("kernel", "warn", f"{release}: cannot tell the version")
+    if (major, minor) < (5, 8):
+        return Result("kernel", "FAIL", f"{release}: needs Linux >= 5.8 (tp_btf, ring buffer)")
+    return Result("kernel", "ok", release)
+
+
+def check_btf(path: str | None = None) -> Result:
+    path = path or loader.btf_path()
+    if Path(path).is_file():
+        return Result("kernel BTF", "ok", path)
+    return Result("kernel BTF", "FAIL",
+                  f"{path} missing: use a kernel with CONFIG_DEBUG_INFO_BTF=y or set CCSCOPE_BTF to a BTF file")
+
+
+def check_tracepoints(path: str | None = None) -> Result:
+    """The kernel's BTF names a `btf_trace_<tp>` typedef for each BTF-enabled tracepoint."""
+    path = path or loader.btf_path()
+    try:
+        data = Path(path).read_bytes()
+    except OSError:
+        return Result("tracepoints", "FAIL", f"cannot read {path}")
+    missing = [tp for tp in REQUIRED_TRACEPOINTS if b"btf_trace_" + tp.encode() + b"\0" not in data]
+    if missing:
+        return Result("tracepoints", "FAIL", f"missing in this kernel: {', '.join(missing)} (needs Linux >= 5.8)")
+    return Result("tracepoints", "ok", ", ".join(REQUIRED_TRACEPOINTS))
+
+
+def check_libbpf() -> Result:
+    try:
+        lib = loader.Libbpf().lib
+    except CcscopeError as exc:
+        return Result("libbpf", "FAIL", exc.line())
+    version = getattr(lib, "libbpf_version_string", None)
+    if version is None:
+        return Result("libbpf", "ok", "loaded")
+    version.restype = ctypes.c_char_p
+    return Result("libbpf", "ok", version().decode())
+
+
+def check_object() -> Result:
+    path = loader.object_path()
+    if path.is_file():
+        return Result("BPF object", "ok", str(path))
+    return Result("BPF object", "FAIL", f"{path} missing: build it with `make bpf` (needs clang, libbpf-dev)")
+
+
+def check_attach() -> Result:
+    try:
+        with loader.TelemetryProbe():
+            pass
+    except CcscopeError as exc:
+        return Result("load and attach", "FAIL", exc.line())
+    return Result("load and attach", "ok", "3 programs attached and detached")
+
+
+def check_algorithms() -> Result:
+    base = Path("/proc/sys/net/ipv4")
+    try:
+        available = (base / "tcp_available_congestion_control").read_text().split()
+        current = (base / "tcp_congestion_control").read_text().strip()
+    except OSError:
+        return Result("congestion control", "warn", "cannot read net.ipv4 sysctls")
+    return Result("congestion control", "ok", f"available: {' '.join(available)}; default {current}")
+
+
+def check_tools() -> Result:
+    missing = sorted({pkg for tool, pkg in SCENARIO_TOOLS.items() if not shutil.which(tool)})
+    if missing:
+        return Result("scenario tools", "warn", f"missing for scenarios: apt-get install {' '.join(missing)}")
+    return Result("scenario tools", "ok", ", ".join(SCENARIO_TOOLS))
+
+
+def run_checks() -> list[Result]:
+    results = [check_privileges(), check_kernel(), check_btf(), check_tracepoints(), check_libbpf(),
+               check_object()]
+    if not any(r.failed for r in results):
+        results.append(check_attach())
+    results += [check_algorithms(), check_tools()]
+    return results
+
+
+def format_table(results: list[Result]) -> str:
+    width = max(len(r.name) for r in results)
+    return "\n".join(f"{r.name:<{width}}  {r.status:<4}  {r.detail}" for r in results)

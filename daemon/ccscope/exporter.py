@@ -1,0 +1,184 @@
+"""Prometheus exposition: a custom collector that reads the BPF maps at scrape time.
+
+Metric names follow Prometheus conventions (base units, `_total` counters). Per-flow series exist only
+for the flows --flows selects (top-N by bytes by default); everything else is in host aggregates
+computed in the kernel, so cardinality stays bounded whatever the host does.
+"""
+
+from __future__ import annotations
+
+import platform
+import threading
+import time
+from collections import Counter as Tally
+from collections.abc import Iterator
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from . import __version__
+from . import bpf_types as bt
+from .flows import CA_STATES, FlowFilter, FlowRecord, FlowSelection, FlowTable
+
+FLOW_LABELS = ("netns", "flow", "src", "sport", "dst", "dport", "cc", "scenario", "profile", "algorithm", "run")
+SCENARIO_LABELS = ("scenario", "profile", "algorithm", "run")
+
+# (name, help, type, value getter); a getter returning None skips the sample.
+FLOW_METRICS: tuple[tuple[str, str, str, object], ...] = (
+    ("ccscope_flow_cwnd_segments", "Congestion window (snd_cwnd) in segments.", "gauge",
+     lambda f: f.cwnd_segments),
+    ("ccscope_flow_ssthresh_segments", "Slow-start threshold in segments; absent while still infinite.",
+     "gauge", lambda f: f.ssthresh_segments),
+    ("ccscope_flow_srtt_seconds", "Smoothed round-trip time.", "gauge", lambda f: f.srtt_s),
+    ("ccscope_flow_rttvar_seconds", "Round-trip time variation (mdev, as in TCP_INFO).", "gauge",
+     lambda f: f.rttvar_s),
+    ("ccscope_flow_min_rtt_seconds", "Minimum RTT seen by the kernel's windowed filter.", "gauge",
+     lambda f: f.min_rtt_s),
+    ("ccscope_flow_queueing_delay_seconds", "srtt minus min_rtt: delay added by queues on the path.",
+     "gauge", lambda f: f.queueing_delay_s if f.min_rtt_s is not None else None),
+    ("ccscope_flow_packets_in_flight", "Segments in flight (tcp_packets_in_flight).", "gauge",
+     lambda f: f.packets_in_flight),
+    ("ccscope_flow_pacing_rate_bytes_per_second", "Socket pacing rate; absent when unlimited.", "gauge",
+     lambda f: f.pacing_rate_Bps),
+    ("ccscope_flow_delivery_rate_bytes_per_second", "Most recent delivery rate sample.", "gauge",
+     lambda f: f.delivery_rate_Bps),
+    ("ccscope_flow_ca_state", "Congestion-avoidance state: 0 open, 1 disorder, 2 cwr, 3 recovery, 4 loss.",
+     "gauge", lambda f: CA_STATES.index(f.ca_state) if f.ca_state in CA_STATES else None),
+    ("ccscope_flow_mss_bytes", "Current sending MSS.", "gauge", lambda f: f.mss_bytes),
+    ("ccscope_flow_bytes_acked", "Bytes acknowledged by the peer.", "counter", lambda f: f.bytes_acked),
+    ("ccscope_flow_bytes_sent", "Bytes sent, retransmissions included.", "counter", lambda f: f.bytes_sent),
+    ("ccscope_flow_bytes_received", "Bytes received.", "counter", lambda f: f.bytes_received),
+    ("ccscope_flow_retransmits", "Retransmitted segments (tcpi_total_retrans).", "counter",
+     lambda f: f.retransmits),
+    ("ccscope_flow_lost_packets", "Packets marked lost, retransmissions included.", "counter",
+     lambda f: f.lost_packets),
+)
+
+
+def _family(name: str, help_text: str, kind: str, labels: tuple[str, ...]) -> Metric:
+    if kind == "counter":
+        return CounterMetricFamily(name, help_text, labels=labels)
+    return GaugeMetricFamily(name, help_text, labels=labels)
+
+
+def histogram_buckets(hist: bt.Hist) -> list[tuple[str, float]]:
+    """Kernel log2 slots -> cumulative Prometheus buckets; slot i holds [2^i, 2^(i+1)) us."""
+    buckets, cumulative = [], 0
+    for i in range(bt.HIST_SLOTS - 1):
+        cumulative += hist.slots[i]
+        buckets.append((repr(2 ** (i + 1) / 1e6), cumulative))
+    buckets.append(("+Inf", cumulative + hist.slots[bt.HIST_SLOTS - 1]))
+    return buckets
+
+
+class FlowCollector(Collector):
+    """Collect-on-scrape view of the kernel maps."""
+
+    def __init__(self, table: FlowTable, selection: FlowSelection, flow_filter: FlowFilter | None = None) -> None:
+        self.table = table
+        self.selection = selection
+        self.filter = flow_filter or FlowFilter()
+        self._netns_labels: dict[int, dict[str, str]] = {}
+        self._lock = threading.Lock()
+        self.last_scrape_s = 0.0
+        self.exported_flows = 0
+
+    def set_netns_labels(self, labels: dict[int, dict[str, str]]) -> None:
+        """Scenario runs label the flows of their namespaces (scenario, profile, algorithm, run)."""
+        with self._lock:
+            self._netns_labels = {ns: dict(values) for ns, values in labels.items()}
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())  # unchecked collector: the metric set is only known at scrape time
+
+    def collect(self) -> Iterator[Metric]:
+        started = time.perf_counter()
+        flows = self.table.snapshot()
+        selected = self.selection.pick([f for f in flows if self.filter.matches(f)])
+        self.exported_flows = len(selected)
+        yield from self._flow_metrics(selected)
+        yield from self._host_metrics(flows)
+        yield from self._health_metrics()
+        self.last_scrape_s = time.perf_counter() - started
+        yield from self._scrape_metric()
+
+    def _flow_labels(self, flow: FlowRecord) -> list[str]:
+        extra = self._netns_labels.get(flow.netns, {})
+        return [str(flow.netns), flow.name, flow.src, str(flow.sport), flow.dst, str(flow.dport), flow.cc,
+                *(extra.get(k, "") for k in SCENARIO_LABELS)]
+
+    def _flow_metrics(self, flows: list[FlowRecord]) -> Iterator[Metric]:
+        with self._lock:
+            labels = [self._flow_labels(f) for f in flows]
+        for name, help_text, kind, getter in FLOW_METRICS:
+            family = _family(name, help_text, kind, FLOW_LABELS)
+            for flow, values in zip(flows, labels, strict=True):
+                value = getter(flow)
+                if value is not None:
+                    family.add_metric(values, value)
+            yield family
+
+    def _host_metrics(self, flows: list[FlowRecord]) -> Iterator[Metric]:
+        open_by_cc = Tally(f.cc for f in flows if not f.closed_ns)
+        stats = self.table.probe.cc_stats()
+        current = GaugeMetricFamily("ccscope_tcp_flows", "Tracked open TCP flows by congestion algorithm.",
+                                    labels=("cc",))
+        for cc in sorted(set(open_by_cc) | set(stats)):
+            current.add_metric([cc], open_by_cc.get(cc, 0))
+        yield current
+        started = CounterMetricFamily("ccscope_tcp_flows_started", "TCP flows first seen, by algorithm.",
+                                      labels=("cc",))
+        retrans = CounterMetricFamily("ccscope_tcp_retransmits",
+                                      "Retransmitted segments on all flows of the host, by algorithm.",
+                                      labels=("cc",))
+        for cc, value in sorted(stats.items()):
+            started.add_metric([cc], value.flows)
+            retrans.add_metric([cc], value.retransmits)
+        yield started
+        yield retrans
+        hists = self.table.probe.hists()
+        for kind, name, help_text in (
+            (bt.HistKind.SRTT, "ccscope_tcp_srtt_seconds",
+             "Smoothed RTT of all flows, observed once per sample interval per flow."),
+            (bt.HistKind.QUEUE_DELAY, "ccscope_tcp_queueing_delay_seconds",
+             "srtt - min_rtt of all flows, observed once per sample interval per flow."),
+        ):
+            family = HistogramMetricFamily(name, help_text, labels=("cc",))
+            for (cc, hist_kind), hist in sorted(hists.items()):
+                if hist_kind == kind:
+                    family.add_metric([cc], histogram_buckets(hist), sum_value=hist.sum_us / 1e6)
+            yield family
+
+    def _health_metrics(self) -> Iterator[Metric]:
+        counters = self.table.probe.counters()
+        stats = self.table.stats
+        yield GaugeMetricFamily("ccscope_tracked_flows", "Flows in the kernel flow map.", value=stats.tracked)
+        yield GaugeMetricFamily("ccscope_exported_flows", "Flows exported with per-flow series.",
+                                value=self.exported_flows)
+        yield CounterMetricFamily("ccscope_flow_evictions", "Flows pushed out of the full kernel flow map.",
+                                  value=stats.evictions_total)
+        yield CounterMetricFamily("ccscope_flows_expired", "Closed flows removed after the grace period.",
+                                  value=stats.expired_total)
+        for counter, name, help_text in (
+            (bt.Counter.PROBE_EVENTS, "ccscope_bpf_probe_events", "tcp_probe tracepoint hits."),
+            (bt.Counter.SAMPLES, "ccscope_bpf_samples", "Samples written to the ring buffer."),
+            (bt.Counter.SAMPLES_LOST, "ccscope_bpf_samples_lost", "Samples dropped because the ring buffer was full."),
+            (bt.Counter.RETRANSMIT_EVENTS, "ccscope_bpf_retransmit_events", "tcp_retransmit_skb tracepoint hits."),
+        ):
+            yield CounterMetricFamily(name, help_text, value=counters[counter])
+        yield self._build_info()
+
+    def _build_info(self) -> Metric:
+        family = GaugeMetricFamily("ccscope_build_info", "ccscope version and the kernel it runs on.",
+                                   labels=("version", "kernel"))
+        family.add_metric([__version__, platform.release()], 1)
+        return family
+
+    def _scrape_metric(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily("ccscope_scrape_duration_seconds",
+                                "Time spent reading the kernel maps for this scrape.", value=self.last_scrape_s)
