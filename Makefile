@@ -6,15 +6,17 @@ BPF_OBJ := daemon/ccscope/bpf/ccscope.bpf.o
 BPF_CFLAGS := -g -O2 -target bpf -D__TARGET_ARCH_$(ARCH) -Wall -Werror \
 	-I/usr/include/$(MULTIARCH) -Ibpf
 
-.PHONY: all bpf clean setup setup-dev demo test lint
-all: bpf
+# The userspace delay stage of the emulated network (kernels without sch_netem).
+DELAYLINE := daemon/ccscope/emulation/ccscope-delayline
+
+.PHONY: all bpf delayline clean setup setup-dev demo test lint
+all: bpf delayline
 
 # The README's two commands.
 demo: setup
 	.venv/bin/ccscope scenario wired-vs-wireless --quick
-test: setup-dev
-	.venv/bin/ruff check daemon tests bench tools
-	.venv/bin/python -m pytest -q
+test:
+	tools/run-tests
 
 setup:
 	tools/bootstrap
@@ -26,5 +28,10 @@ $(BPF_OBJ): bpf/ccscope.bpf.c bpf/ccscope.h bpf/core_min.h
 	@mkdir -p $(dir $@)
 	$(CLANG) $(BPF_CFLAGS) -c $< -o $@
 
+delayline: $(DELAYLINE)
+
+$(DELAYLINE): daemon/ccscope/emulation/delayline.c
+	$(CC) -O2 -Wall -Wextra -Werror -o $@ $< -lnetfilter_queue -lnfnetlink
+
 clean:
-	rm -f $(BPF_OBJ)
+	rm -f $(BPF_OBJ) $(DELAYLINE)
