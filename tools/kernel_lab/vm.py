@@ -1,0 +1,189 @@
+"""Boot the kernel under qemu (TCG), run one command in the guest and bring back its status and output."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import EXIT_LAB, EXIT_TIMEOUT, LabError, cache_dir
+from .kernel import Kernel
+
+QEMU = "qemu-system-x86_64"
+GUEST_CTL = "/run/kernel-lab"
+GUEST_PATH = f"{GUEST_CTL}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# Host variables the command sees in the guest as well (CI decides skip-versus-fail in tests).
+PASSED_ENV = ("CI", "TERM", "LANG", "LC_ALL", "PYTHONPATH")
+PR_SET_PDEATHSIG = 1
+
+
+@dataclass
+class RunSpec:
+    argv: list[str]
+    cwd: str
+    timeout: float = 600.0
+    memory_mb: int = 2048
+    cpus: int = 2
+    shares: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    show_console: bool = False
+
+
+def _die_with_parent() -> None:
+    """qemu must not outlive the lab, even when the lab is SIGKILLed."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _command_script(spec: RunSpec, kernel: Kernel) -> str:
+    env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
+    env.update({
+        "PATH": GUEST_PATH, "HOME": "/tmp/home", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
+        "MPLCONFIGDIR": "/tmp/home/.config/matplotlib", "KERNEL_LAB": "1",
+        "KERNEL_LAB_KERNEL": kernel.version,
+    })
+    env.update(spec.env)
+    lines = ["# written by tools/kernel-lab", "mkdir -p /tmp/home"]
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
+    cwd = shlex.quote(spec.cwd)
+    lines.append(f"cd {cwd} || {{ echo 'kernel-lab: cannot cd to '{cwd}' in the guest' >&2; exit {EXIT_LAB}; }}")
+    lines.append("exec " + " ".join(shlex.quote(a) for a in spec.argv))
+    return "\n".join(lines) + "\n"
+
+
+def _prepare_ctl(ctl: Path, spec: RunSpec, kernel: Kernel) -> None:
+    shares = "\n".join(f"klabshare{i}={path}" for i, path in enumerate(spec.shares))
+    (ctl / "config.sh").write_text(f"KLAB_SHARES={shlex.quote(shares)}\n")
+    (ctl / "cmd.sh").write_text(_command_script(spec, kernel))
+    (ctl / "bin").mkdir()
+    # `modprobe X` typed in the guest: the host has no /lib/modules for this kernel.
+    wrapper = ctl / "bin" / "modprobe"
+    wrapper.write_text(f"#!/bin/sh\nexec /sbin/modprobe -d {shlex.quote(str(kernel.root))} \"$@\"\n")
+    wrapper.chmod(0o755)
+    for name in ("stdout", "stderr"):
+        (ctl / name).touch()
+
+
+def qemu_command(kernel: Kernel, initrd: Path, ctl: Path, spec: RunSpec) -> list[str]:
+    cmd = [
+        QEMU, "-machine", "pc,accel=tcg", "-cpu", "max", "-smp", str(spec.cpus), "-m", str(spec.memory_mb),
+        "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot", "-monitor", "none",
+        "-serial", f"file:{ctl / 'console.log'}", "-nic", "none",
+        "-kernel", str(kernel.vmlinuz), "-initrd", str(initrd),
+        "-append", "console=ttyS0 panic=-1 loglevel=3 quiet",
+        # The host root, read-only; multidevs=remap keeps inode numbers unique across host mounts.
+        "-fsdev", "local,id=hostroot,path=/,security_model=none,readonly=on,multidevs=remap",
+        "-device", "virtio-9p-pci,fsdev=hostroot,mount_tag=hostroot",
+        "-fsdev", f"local,id=klabctl,path={ctl},security_model=none",
+        "-device", "virtio-9p-pci,fsdev=klabctl,mount_tag=klabctl",
+        "-device", "virtio-rng-pci",
+    ]
+    for i, path in enumerate(spec.shares):
+        cmd += ["-fsdev", f"local,id=klabshare{i},path={path},security_model=none",
+                "-device", f"virtio-9p-pci,fsdev=klabshare{i},mount_tag=klabshare{i}"]
+    return cmd
+
+
+class _Forwarder:
+    """Copies what the guest appends to a file in the control share to one of our streams."""
+
+    def __init__(self, path: Path, stream) -> None:
+        self.path, self.stream, self.offset = path, stream, 0
+
+    def pump(self) -> None:
+        try:
+            with open(self.path, "rb") as handle:
+                handle.seek(self.offset)
+                data = handle.read()
+        except OSError:
+            return
+        if data:
+            self.offset += len(data)
+            self.stream.buffer.write(data)
+            self.stream.flush()
+
+
+def run(kernel: Kernel, initrd: Path, spec: RunSpec) -> int:
+    if shutil.which(QEMU) is None:
+        raise LabError(f"{QEMU} not found (install qemu-system-x86)", 3)
+    for share in spec.shares:
+        if not os.path.isdir(share):
+            raise LabError(f"--share {share}: not a directory", 2)
+    with tempfile.TemporaryDirectory(prefix="kernel-lab-") as tmp:
+        ctl = Path(tmp)
+        _prepare_ctl(ctl, spec, kernel)
+        return _boot(kernel, initrd, ctl, spec)
+
+
+def _boot(kernel: Kernel, initrd: Path, ctl: Path, spec: RunSpec) -> int:
+    out = [_Forwarder(ctl / "stdout", sys.stdout), _Forwarder(ctl / "stderr", sys.stderr)]
+    if spec.show_console:
+        out.append(_Forwarder(ctl / "console.log", sys.stderr))
+    with open(ctl / "qemu.log", "wb") as qemu_log:
+        try:
+            proc = subprocess.Popen(qemu_command(kernel, initrd, ctl, spec), stdin=subprocess.DEVNULL,
+                                    stdout=qemu_log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+        except OSError as err:
+            raise LabError(f"cannot start {QEMU}: {err.strerror}", 3) from None
+    started = time.monotonic()
+    timed_out = False
+    try:
+        while proc.poll() is None:
+            if time.monotonic() - started > spec.timeout:
+                timed_out = True
+                break
+            for f in out:
+                f.pump()
+            time.sleep(0.1)
+    finally:
+        # On timeout, Ctrl-C or any error: nothing stays running.
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        for f in out:
+            f.pump()
+        _keep_console(ctl)
+    if timed_out:
+        raise LabError(f"guest did not finish within {spec.timeout:g} s; killed qemu "
+                       f"(console: {cache_dir() / 'last-console.log'})", EXIT_TIMEOUT)
+    return _exit_status(ctl, proc.returncode)
+
+
+def _keep_console(ctl: Path) -> None:
+    try:
+        cache_dir().mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(ctl / "console.log", cache_dir() / "last-console.log")
+    except OSError:
+        pass
+
+
+def _exit_status(ctl: Path, qemu_status: int) -> int:
+    try:
+        return int((ctl / "rc").read_text().strip())
+    except (OSError, ValueError):
+        pass
+    console = (ctl / "console.log").read_text(errors="replace") if (ctl / "console.log").exists() else ""
+    marker = re.search(r"KERNEL-LAB-EXIT (\d+)", console)
+    if marker:
+        return int(marker.group(1))
+    failure = re.search(r"KERNEL-LAB-FAIL (.*)", console)
+    panic = re.search(r"Kernel panic - [^\r\n]*", console)
+    where = f"(console: {cache_dir() / 'last-console.log'})"
+    if failure:
+        raise LabError(f"guest init failed: {failure.group(1).strip()} {where}")
+    if panic:
+        raise LabError(f"guest {panic.group(0).strip()} {where}")
+    qemu_said = (ctl / "qemu.log").read_text(errors="replace").strip().splitlines()
+    if qemu_status != 0 and qemu_said:
+        raise LabError(f"qemu exited with status {qemu_status}: {qemu_said[-1]}")
+    raise LabError(f"guest stopped without reporting an exit status {where}")
