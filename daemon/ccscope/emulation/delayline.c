@@ -1,0 +1,464 @@
+// ccscope-delayline: the userspace delay line of ccscope's emulated network ("userspace" backend).
+//
+// Kernels without sch_netem (WSL2, Firecracker, minimal cloud kernels) still have NFQUEUE. The router
+// namespace sends one direction's forwarded packets to one queue (iptables ... -j NFQUEUE --queue-num N,
+// no --queue-bypass: a bypass would silently remove the delay). This program holds every packet for
+// delay (+ jitter) and then accepts it, drops a random fraction `loss`, and optionally releases packets
+// only at the delivery opportunities of a Mahimahi trace. Rate limiting and the bottleneck queue of
+// fixed-rate links stay in the kernel (tbf on the router's egress), so the delay line here is separate
+// from the bottleneck queue.
+//
+// Stage order per packet: random loss -> delay line (FIFO) -> [trace mode: drop-tail queue -> trace
+// delivery opportunity] -> NF_ACCEPT.
+//
+// Order is always kept: with jitter a packet is never released before the one queued ahead of it
+// (release = max(arrival + delay + U(-jitter, +jitter), previous release)), like a real path whose
+// delay varies but which does not reorder. Because release order equals arrival order, one
+// nfq_set_verdict_batch() accepts every packet up to the newest one due, which keeps up at high packet
+// rates.
+//
+// Usage: ccscope-delayline --queue N [--delay-us D] [--jitter-us J] [--loss P] [--seed S]
+//          [--trace FILE [--queue-packets N | --queue-bytes N]] [--maxlen N] [--stats FILE]
+// Prints "ready" on stdout once bound to the queue. SIGUSR1 writes counters to the stats file
+// (key value lines, `seq` increments per write); SIGTERM/SIGINT write them and exit.
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <arpa/inet.h>
+#include <inttypes.h>
+#include <linux/netfilter.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <libnetfilter_queue/libnetfilter_queue.h>
+
+#define TRACE_OPPORTUNITY_BYTES 1500
+#define RECV_BATCH 64
+
+struct pkt {
+	uint32_t id;
+	uint32_t len;
+	int64_t t; // release time from the delay line (monotonic ns)
+};
+
+// Growable FIFO ring of packets.
+struct ring {
+	struct pkt *v;
+	size_t cap, head, n;
+	uint64_t bytes;
+};
+
+static void ring_push(struct ring *r, struct pkt p)
+{
+	if (r->n == r->cap) {
+		size_t ncap = r->cap ? r->cap * 2 : 4096;
+		struct pkt *nv = malloc(ncap * sizeof(*nv));
+		if (!nv) {
+			perror("ccscope-delayline: malloc");
+			exit(1);
+		}
+		for (size_t i = 0; i < r->n; i++)
+			nv[i] = r->v[(r->head + i) % r->cap];
+		free(r->v);
+		r->v = nv;
+		r->cap = ncap;
+		r->head = 0;
+	}
+	r->v[(r->head + r->n) % r->cap] = p;
+	r->n++;
+	r->bytes += p.len;
+}
+
+static struct pkt *ring_front(struct ring *r)
+{
+	return r->n ? &r->v[r->head] : NULL;
+}
+
+static struct pkt ring_pop(struct ring *r)
+{
+	struct pkt p = r->v[r->head];
+	r->head = (r->head + 1) % r->cap;
+	r->n--;
+	r->bytes -= p.len;
+	return p;
+}
+
+// Configuration and state (one process serves one queue = one direction).
+static int64_t delay_ns, jitter_ns;
+static double loss;
+static uint64_t rng_state = 0x9e3779b97f4a7c15ULL;
+static uint32_t queue_num;
+static const char *stats_path;
+static int64_t *trace_ms; // delivery opportunities, ms offsets
+static size_t trace_n;
+static int64_t trace_period_ms;
+static uint64_t tq_limit_packets, tq_limit_bytes;
+
+static struct ring delayq, traceq;
+static int64_t last_release;
+static int64_t trace_base;
+static size_t trace_idx;
+static uint64_t trace_loop;
+static int64_t trace_carry;
+
+static struct {
+	uint64_t packets, bytes, accepted, random_drops, queue_drops, enobufs, max_held, seq;
+} st;
+
+static uint32_t max_accept_id;
+static int have_accept;
+
+static volatile sig_atomic_t want_stats, want_exit;
+
+static int64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static uint64_t rng_next(void) // xorshift64*
+{
+	rng_state ^= rng_state >> 12;
+	rng_state ^= rng_state << 25;
+	rng_state ^= rng_state >> 27;
+	return rng_state * 0x2545F4914F6CDD1DULL;
+}
+
+static double rng_unit(void) // [0, 1)
+{
+	return (rng_next() >> 11) * (1.0 / 9007199254740992.0);
+}
+
+static void on_signal(int sig)
+{
+	if (sig == SIGUSR1)
+		want_stats = 1;
+	else
+		want_exit = 1;
+}
+
+// The kernel's own counters for our queue: packets dropped because the queue was full
+// (queue_dropped) or the netlink socket could not take them (user_dropped).
+static void kernel_counters(uint64_t *queue_dropped, uint64_t *user_dropped)
+{
+	*queue_dropped = *user_dropped = 0;
+	FILE *f = fopen("/proc/net/netfilter/nfnetlink_queue", "r");
+	if (!f)
+		return;
+	unsigned qn, portid, qlen, mode, range;
+	unsigned long long qd, ud, idseq;
+	int one;
+	while (fscanf(f, "%u %u %u %u %u %llu %llu %llu %d", &qn, &portid, &qlen, &mode, &range, &qd, &ud,
+		      &idseq, &one) == 9) {
+		if (qn == queue_num) {
+			*queue_dropped = qd;
+			*user_dropped = ud;
+		}
+	}
+	fclose(f);
+}
+
+static void write_stats(void)
+{
+	if (!stats_path)
+		return;
+	uint64_t kqd, kud;
+	kernel_counters(&kqd, &kud);
+	char tmp[4096];
+	snprintf(tmp, sizeof(tmp), "%s.tmp", stats_path);
+	FILE *f = fopen(tmp, "w");
+	if (!f)
+		return;
+	st.seq++;
+	fprintf(f,
+		"seq %" PRIu64 "\npackets %" PRIu64 "\nbytes %" PRIu64 "\naccepted %" PRIu64
+		"\nrandom_drops %" PRIu64 "\nqueue_drops %" PRIu64 "\nkernel_queue_dropped %" PRIu64
+		"\nkernel_user_dropped %" PRIu64 "\nenobufs %" PRIu64 "\nmax_held %" PRIu64 "\nheld %zu\n",
+		st.seq, st.packets, st.bytes, st.accepted, st.random_drops, st.queue_drops, kqd, kud, st.enobufs,
+		st.max_held, delayq.n + traceq.n);
+	fclose(f);
+	rename(tmp, stats_path);
+}
+
+static void accept_pkt(const struct pkt *p)
+{
+	max_accept_id = p->id;
+	have_accept = 1;
+	st.accepted++;
+}
+
+static int64_t next_opportunity(void)
+{
+	return trace_base + ((int64_t)trace_loop * trace_period_ms + trace_ms[trace_idx]) * 1000000LL;
+}
+
+static void advance_opportunity(void)
+{
+	if (++trace_idx == trace_n) {
+		trace_idx = 0;
+		trace_loop++;
+	}
+}
+
+// Moves a packet that left the delay line into the trace queue (drop-tail).
+static void enter_trace_queue(struct nfq_q_handle *qh, struct pkt p)
+{
+	if ((tq_limit_packets && traceq.n + 1 > tq_limit_packets) ||
+	    (tq_limit_bytes && traceq.bytes + p.len > tq_limit_bytes)) {
+		st.queue_drops++;
+		nfq_set_verdict(qh, p.id, NF_DROP, 0, NULL);
+		return;
+	}
+	ring_push(&traceq, p);
+}
+
+// Processes every event due by `now` in time order; returns the time of the next event or -1.
+static int64_t run_due(struct nfq_q_handle *qh, int64_t now)
+{
+	for (;;) {
+		struct pkt *d = ring_front(&delayq);
+		int64_t td = d ? d->t : INT64_MAX;
+		int64_t to = INT64_MAX;
+		if (trace_n) {
+			if (!traceq.n) {
+				// Opportunities pass unused while the queue is empty (as in Mahimahi).
+				int64_t horizon = d ? d->t : now;
+				while (next_opportunity() < horizon)
+					advance_opportunity();
+				trace_carry = 0;
+			}
+			if (traceq.n)
+				to = next_opportunity();
+		}
+		int64_t t = td < to ? td : to;
+		if (t > now)
+			return t == INT64_MAX ? -1 : t;
+		if (td <= to) {
+			struct pkt p = ring_pop(&delayq);
+			if (trace_n)
+				enter_trace_queue(qh, p);
+			else
+				accept_pkt(&p);
+		} else {
+			int64_t budget = TRACE_OPPORTUNITY_BYTES + trace_carry;
+			while (traceq.n && ring_front(&traceq)->len <= budget) {
+				struct pkt p = ring_pop(&traceq);
+				budget -= p.len;
+				accept_pkt(&p);
+			}
+			// A packet larger than what is left keeps the remainder toward its delivery.
+			trace_carry = traceq.n ? budget : 0;
+			advance_opportunity();
+		}
+	}
+}
+
+static int on_packet(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_data *nfa, void *data)
+{
+	(void)msg;
+	(void)data;
+	struct nfqnl_msg_packet_hdr *ph = nfq_get_msg_packet_hdr(nfa);
+	if (!ph)
+		return 0;
+	uint32_t id = ntohl(ph->packet_id);
+	unsigned char *payload;
+	int plen = nfq_get_payload(nfa, &payload);
+	uint32_t len = 0;
+	// We copy only the headers; the IP header carries the full length.
+	if (plen >= 20 && (payload[0] >> 4) == 4)
+		len = ((uint32_t)payload[2] << 8) | payload[3];
+	else if (plen >= 40 && (payload[0] >> 4) == 6)
+		len = 40 + (((uint32_t)payload[4] << 8) | payload[5]);
+	else if (plen > 0)
+		len = (uint32_t)plen;
+	st.packets++;
+	st.bytes += len;
+	if (loss > 0 && rng_unit() < loss) {
+		st.random_drops++;
+		nfq_set_verdict(qh, id, NF_DROP, 0, NULL);
+		return 0;
+	}
+	int64_t now = now_ns();
+	int64_t d = delay_ns;
+	if (jitter_ns)
+		d += (int64_t)((rng_unit() * 2.0 - 1.0) * (double)jitter_ns);
+	if (d < 0)
+		d = 0;
+	int64_t t = now + d;
+	if (t < last_release)
+		t = last_release; // keep order
+	last_release = t;
+	ring_push(&delayq, (struct pkt){.id = id, .len = len, .t = t});
+	uint64_t held = delayq.n + traceq.n;
+	if (held > st.max_held)
+		st.max_held = held;
+	return 0;
+}
+
+static void load_trace(const char *path)
+{
+	FILE *f = fopen(path, "r");
+	if (!f) {
+		fprintf(stderr, "ccscope-delayline: cannot open trace %s: %s\n", path, strerror(errno));
+		exit(2);
+	}
+	size_t cap = 0;
+	long long v, prev = -1;
+	while (fscanf(f, "%lld", &v) == 1) {
+		if (v < prev || v < 0) {
+			fprintf(stderr, "ccscope-delayline: trace %s: timestamps must be >= 0 and ascending\n", path);
+			exit(2);
+		}
+		prev = v;
+		if (trace_n == cap) {
+			cap = cap ? cap * 2 : 4096;
+			trace_ms = realloc(trace_ms, cap * sizeof(*trace_ms));
+			if (!trace_ms)
+				exit(1);
+		}
+		trace_ms[trace_n++] = v;
+	}
+	fclose(f);
+	if (!trace_n || prev <= 0) {
+		fprintf(stderr, "ccscope-delayline: trace %s has no delivery opportunities after 0 ms\n", path);
+		exit(2);
+	}
+	trace_period_ms = prev; // Mahimahi loops the trace with the last timestamp as its period
+}
+
+static void usage(void)
+{
+	fprintf(stderr, "usage: ccscope-delayline --queue N [--delay-us D] [--jitter-us J] [--loss P] "
+			"[--seed S] [--trace FILE [--queue-packets N|--queue-bytes N]] [--maxlen N] "
+			"[--stats FILE]\n");
+	exit(2);
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{"queue", required_argument, 0, 'q'},	 {"delay-us", required_argument, 0, 'd'},
+		{"jitter-us", required_argument, 0, 'j'}, {"loss", required_argument, 0, 'l'},
+		{"seed", required_argument, 0, 's'},	 {"trace", required_argument, 0, 't'},
+		{"queue-packets", required_argument, 0, 'p'}, {"queue-bytes", required_argument, 0, 'b'},
+		{"maxlen", required_argument, 0, 'm'},	 {"stats", required_argument, 0, 'o'},
+		{0, 0, 0, 0},
+	};
+	long long maxlen = 1 << 17;
+	int have_queue = 0, c;
+	const char *trace = NULL;
+	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		switch (c) {
+		case 'q': queue_num = (uint32_t)strtoul(optarg, NULL, 10); have_queue = 1; break;
+		case 'd': delay_ns = strtoll(optarg, NULL, 10) * 1000LL; break;
+		case 'j': jitter_ns = strtoll(optarg, NULL, 10) * 1000LL; break;
+		case 'l': loss = strtod(optarg, NULL); break;
+		case 's': rng_state = strtoull(optarg, NULL, 10) | 1; break;
+		case 't': trace = optarg; break;
+		case 'p': tq_limit_packets = strtoull(optarg, NULL, 10); break;
+		case 'b': tq_limit_bytes = strtoull(optarg, NULL, 10); break;
+		case 'm': maxlen = strtoll(optarg, NULL, 10); break;
+		case 'o': stats_path = optarg; break;
+		default: usage();
+		}
+	}
+	if (!have_queue || delay_ns < 0 || jitter_ns < 0 || loss < 0 || loss > 1 || maxlen <= 0)
+		usage();
+	if (trace)
+		load_trace(trace);
+	// Default timer slack (50 us) would add up to 50 us to every release.
+	prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
+
+	struct nfq_handle *h = nfq_open();
+	if (!h) {
+		perror("ccscope-delayline: nfq_open");
+		return 1;
+	}
+	struct nfq_q_handle *qh = nfq_create_queue(h, (uint16_t)queue_num, on_packet, NULL);
+	if (!qh) {
+		fprintf(stderr, "ccscope-delayline: cannot bind queue %u: %s\n", queue_num, strerror(errno));
+		return 1;
+	}
+	// Headers only: the IP header gives the length, the payload stays in the kernel.
+	if (nfq_set_mode(qh, NFQNL_COPY_PACKET, 64) < 0) {
+		perror("ccscope-delayline: nfq_set_mode");
+		return 1;
+	}
+	// A long kernel queue: it holds every packet in the delay line. Overflows are counted by the
+	// kernel (queue_dropped) and reported in the stats, never bypassed.
+	if (nfq_set_queue_maxlen(qh, (uint32_t)maxlen) < 0)
+		perror("ccscope-delayline: nfq_set_queue_maxlen");
+	nfnl_rcvbufsiz(nfq_nfnlh(h), 64 << 20);
+	int fd = nfq_fd(h);
+	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+
+	sigset_t block, empty;
+	sigemptyset(&block);
+	sigaddset(&block, SIGUSR1);
+	sigaddset(&block, SIGTERM);
+	sigaddset(&block, SIGINT);
+	sigaddset(&block, SIGHUP);
+	sigprocmask(SIG_BLOCK, &block, NULL);
+	sigemptyset(&empty);
+	struct sigaction sa = {.sa_handler = on_signal};
+	sigaction(SIGUSR1, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGHUP, &sa, NULL);
+
+	trace_base = now_ns();
+	write_stats();
+	printf("ready\n");
+	fflush(stdout);
+
+	static char buf[65536 + 4096] __attribute__((aligned));
+	while (!want_exit) {
+		int64_t next = run_due(qh, now_ns());
+		if (have_accept) {
+			nfq_set_verdict_batch(qh, max_accept_id, NF_ACCEPT);
+			have_accept = 0;
+		}
+		if (want_stats) {
+			want_stats = 0;
+			write_stats();
+		}
+		struct timespec ts, *tsp = NULL;
+		if (next >= 0) {
+			int64_t wait = next - now_ns();
+			if (wait < 0)
+				wait = 0;
+			ts.tv_sec = wait / 1000000000LL;
+			ts.tv_nsec = wait % 1000000000LL;
+			tsp = &ts;
+		}
+		struct pollfd pfd = {.fd = fd, .events = POLLIN};
+		int r = ppoll(&pfd, 1, tsp, &empty);
+		if (r <= 0)
+			continue;
+		for (int i = 0; i < RECV_BATCH; i++) {
+			ssize_t n = recv(fd, buf, sizeof(buf), 0);
+			if (n < 0) {
+				if (errno == ENOBUFS) {
+					st.enobufs++; // the kernel counts the lost packets in user_dropped
+					continue;
+				}
+				break; // EAGAIN
+			}
+			nfq_handle_packet(h, buf, (int)n);
+		}
+	}
+	write_stats();
+	nfq_destroy_queue(qh);
+	nfq_close(h);
+	return 0;
+}

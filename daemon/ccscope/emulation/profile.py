@@ -1,0 +1,363 @@
+"""Path profiles: what an emulated link does to packets, per direction.
+
+Semantics
+- A PathProfile has two one-way LinkProfiles. `up` is sender -> receiver (the data direction), `down`
+  is receiver -> sender (the ACK direction). Every impairment of a direction sits on the router's
+  egress of that direction.
+- `delay` is one-way, per direction: a flat `delay: 20ms` gives 20 ms each way, so the base RTT is
+  up.delay + down.delay = 40 ms.
+- `rate` is the bottleneck rate of that direction in bits per second counted at layer 2 (what tbf
+  counts: the Ethernet frame without preamble/FCS). TCP goodput over a 1514-byte frame is 1448/1514 of
+  it (~95.6 %).
+- `jitter` adds a uniform random value in [-jitter, +jitter] to each packet's delay, without
+  reordering (a packet never overtakes the one ahead of it).
+- `loss` is the probability that a packet is dropped at random, before the bottleneck queue.
+- `queue` is the bottleneck queue (drop-tail) in packets ("100p"), bytes ("64KB") or multiples of the
+  path's bandwidth-delay product ("1.5bdp", BDP = rate of that direction x base RTT). The default is
+  1 BDP, at least 10 packets. It is separate from the delay line: packets in flight on the "wire" never
+  count against it.
+- `trace` is a Mahimahi packet-delivery trace (one millisecond timestamp per line, each a 1500-byte
+  delivery opportunity, looping with the last timestamp as period). It replaces `rate`.
+
+YAML accepts either `up:`/`down:` sections or flat keys, which apply to both directions. Flat keys
+next to `up:`/`down:` are defaults that the sections override.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ccscope.errors import UsageError
+
+ETH_FRAME = 1514  # bytes of a full-MSS frame as tbf counts it (1500 IP + 14 Ethernet)
+MIN_DEFAULT_QUEUE_PACKETS = 10
+MAX_RATE_BPS = 10e9  # beyond what a veth path through a userspace stage or tbf (32-bit) can emulate
+MAX_DELAY_S = 10.0
+MAX_QUEUE_PACKETS = 1_000_000
+TRACE_OPPORTUNITY_BYTES = 1500
+
+_RATE_UNITS = {
+    "": 1.0, "bit": 1.0, "bps": 1.0, "b": 1.0,
+    "k": 1e3, "kbit": 1e3, "kbps": 1e3, "kb": 1e3,
+    "m": 1e6, "mbit": 1e6, "mbps": 1e6, "mb": 1e6,
+    "g": 1e9, "gbit": 1e9, "gbps": 1e9, "gb": 1e9,
+}  # fmt: skip
+_TIME_UNITS = {"s": 1.0, "sec": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+_BYTE_UNITS = {
+    "b": 1, "byte": 1, "bytes": 1,
+    "kb": 1000, "kib": 1024, "k": 1000,
+    "mb": 1000**2, "mib": 1024**2, "m": 1000**2,
+}  # fmt: skip
+_NUM = r"([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)"
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _finite(value: float, where: str, raw: Any) -> float:
+    if not math.isfinite(value):
+        raise UsageError(f"{where}: {raw!r} is not a finite number")
+    return value
+
+
+def parse_rate(raw: Any, where: str) -> float | None:
+    """'50mbit', '1.5Mbit/s', '10 Gbps', 20000000 (bit/s) -> bit/s; None/'unlimited' -> None."""
+    if raw is None or (isinstance(raw, str) and raw.strip().lower() in ("unlimited", "none", "inf")):
+        return None
+    if _is_number(raw):
+        value = float(raw)
+    elif isinstance(raw, str):
+        m = re.fullmatch(_NUM + r"\s*([a-z]*)(?:/s)?", raw.strip().lower())
+        if not m or m.group(2) not in _RATE_UNITS:
+            raise UsageError(f"{where}: {raw!r} is not a rate (examples: 50mbit, 1.5Mbit/s, 800kbit)")
+        value = float(m.group(1)) * _RATE_UNITS[m.group(2)]
+    else:
+        raise UsageError(f"{where}: expected a rate such as 50mbit, got {type(raw).__name__} {raw!r}")
+    _finite(value, where, raw)
+    if value <= 0:
+        raise UsageError(f"{where}: {raw!r} is not a positive rate (omit it for an unlimited link)")
+    if value < 1000:
+        raise UsageError(f"{where}: {raw!r} is below 1 kbit/s, too slow to emulate (write units: 10mbit)")
+    if value > MAX_RATE_BPS:
+        raise UsageError(f"{where}: {raw!r} is above the 10 Gbit/s the emulator can shape")
+    return value
+
+
+def parse_duration(raw: Any, where: str, *, allow_zero: bool = True) -> float:
+    """'10ms', '200 ms', '1.5s', '500us', 0.01 (seconds) -> seconds."""
+    if _is_number(raw):
+        value = float(raw)
+    elif isinstance(raw, str):
+        m = re.fullmatch(r"(-?)" + _NUM + r"\s*([a-zµ]*)", raw.strip().lower())
+        if not m or m.group(3) not in _TIME_UNITS:
+            raise UsageError(f"{where}: {raw!r} is not a duration (examples: 10ms, 200 ms, 1.5s)")
+        value = float(m.group(2)) * _TIME_UNITS[m.group(3)] * (-1 if m.group(1) else 1)
+    else:
+        raise UsageError(f"{where}: expected a duration such as 10ms, got {type(raw).__name__} {raw!r}")
+    _finite(value, where, raw)
+    if value < 0:
+        raise UsageError(f"{where}: {raw!r} is negative")
+    if value == 0 and not allow_zero:
+        raise UsageError(f"{where}: {raw!r} must be more than zero")
+    if value > MAX_DELAY_S:
+        raise UsageError(f"{where}: {raw!r} is longer than {MAX_DELAY_S:g} s, too long to emulate")
+    return value
+
+
+def parse_loss(raw: Any, where: str) -> float:
+    """'1%', '0.5 %', 0.01 (a fraction) -> fraction 0..1 (100% is refused: nothing would arrive)."""
+    if _is_number(raw):
+        value = float(raw)
+        shown = f"{raw}"
+    elif isinstance(raw, str):
+        m = re.fullmatch(r"(-?)" + _NUM + r"\s*(%?)", raw.strip())
+        if not m:
+            raise UsageError(f"{where}: {raw!r} is not a loss (examples: 1%, 0.01)")
+        value = float(m.group(2)) * (-1 if m.group(1) else 1)
+        if m.group(3):
+            value /= 100
+        shown = raw.strip()
+    else:
+        raise UsageError(f"{where}: expected a loss such as 1% or 0.01, got {type(raw).__name__} {raw!r}")
+    _finite(value, where, raw)
+    if value == 1:
+        raise UsageError(f"{where}: {shown} would drop every packet (use less than 100%)")
+    if not 0 <= value < 1:
+        raise UsageError(f"{where}: {shown} is not a loss fraction between 0 and 100%")
+    return value
+
+
+@dataclass(frozen=True)
+class QueueSize:
+    """The bottleneck queue; exactly one of packets, bytes, bdp is set."""
+
+    packets: int | None = None
+    bytes: int | None = None
+    bdp: float | None = None
+
+    def __post_init__(self) -> None:
+        if sum(v is not None for v in (self.packets, self.bytes, self.bdp)) != 1:
+            raise UsageError("queue: exactly one of packets, bytes or bdp must be set")
+
+    @classmethod
+    def parse(cls, raw: Any, where: str) -> QueueSize:
+        """'100p', '100 packets', 100 (packets), '64KB', '1.5bdp', {'packets': 100}."""
+        if isinstance(raw, QueueSize):
+            return raw
+        if _is_number(raw):
+            return cls._checked(packets=raw, where=where, raw=raw)
+        if isinstance(raw, dict):
+            if len(raw) != 1 or next(iter(raw)) not in ("packets", "bytes", "bdp"):
+                raise UsageError(f"{where}: give exactly one of packets, bytes, bdp (got {sorted(raw)})")
+            key, value = next(iter(raw.items()))
+            if not _is_number(value):
+                raise UsageError(f"{where}.{key}: expected a number, got {value!r}")
+            return cls._checked(where=f"{where}.{key}", raw=value, **{key: value})
+        if not isinstance(raw, str):
+            raise UsageError(f"{where}: expected a queue size such as 100p, 64KB or 1bdp, got {raw!r}")
+        m = re.fullmatch(r"(-?)" + _NUM + r"\s*([a-z]*)", raw.strip().lower())
+        if not m:
+            raise UsageError(f"{where}: {raw!r} is not a queue size (examples: 100p, 100 packets, 64KB, 1.5bdp)")
+        value = float(m.group(2)) * (-1 if m.group(1) else 1)
+        unit = m.group(3)
+        if unit in ("p", "pkt", "pkts", "packet", "packets"):
+            return cls._checked(packets=value, where=where, raw=raw)
+        if unit == "bdp":
+            return cls._checked(bdp=value, where=where, raw=raw)
+        if unit in _BYTE_UNITS:
+            return cls._checked(bytes=value * _BYTE_UNITS[unit], where=where, raw=raw)
+        raise UsageError(f"{where}: unknown queue unit {unit!r} in {raw!r} (use p, packets, B, KB, MB or bdp)")
+
+    @classmethod
+    def _checked(cls, *, where: str, raw: Any, packets: float | None = None, bytes: float | None = None,
+                 bdp: float | None = None) -> QueueSize:
+        value = next(v for v in (packets, bytes, bdp) if v is not None)
+        _finite(float(value), where, raw)
+        if value <= 0:
+            raise UsageError(f"{where}: {raw!r} is not a positive queue size")
+        if packets is not None:
+            if packets != int(packets):
+                raise UsageError(f"{where}: {raw!r} is not a whole number of packets")
+            if packets > MAX_QUEUE_PACKETS:
+                raise UsageError(f"{where}: {raw!r} is more than {MAX_QUEUE_PACKETS} packets")
+            return cls(packets=int(packets))
+        if bytes is not None:
+            if bytes < ETH_FRAME:
+                raise UsageError(f"{where}: {raw!r} is smaller than one {ETH_FRAME}-byte packet")
+            if bytes > MAX_QUEUE_PACKETS * ETH_FRAME:
+                raise UsageError(f"{where}: {raw!r} is an absurd queue size")
+            return cls(bytes=int(bytes))
+        assert bdp is not None
+        if bdp > 1000:
+            raise UsageError(f"{where}: {raw!r} is more than 1000 BDP")
+        return cls(bdp=float(bdp))
+
+    def to_bytes(self, bdp_bytes: float) -> int:
+        """Queue size in bytes for a link whose BDP is `bdp_bytes` (packets count as full frames)."""
+        if self.packets is not None:
+            return self.packets * ETH_FRAME
+        if self.bytes is not None:
+            return self.bytes
+        assert self.bdp is not None
+        return max(ETH_FRAME, int(self.bdp * bdp_bytes))
+
+    def __str__(self) -> str:
+        if self.packets is not None:
+            return f"{self.packets}p"
+        if self.bytes is not None:
+            return f"{self.bytes}B"
+        return f"{self.bdp:g}bdp"
+
+
+def trace_mean_rate_bps(path: Path) -> float:
+    """Mean delivery rate of a Mahimahi trace (1500 bytes per opportunity over the looping period)."""
+    stamps = [int(x) for x in path.read_text().split()]
+    return len(stamps) * TRACE_OPPORTUNITY_BYTES * 8 / (stamps[-1] / 1000.0)
+
+
+def _check_trace(raw: Any, where: str) -> Path:
+    if not isinstance(raw, str | Path):
+        raise UsageError(f"{where}: expected the path of a Mahimahi trace file, got {raw!r}")
+    path = Path(raw).expanduser()
+    try:
+        words = path.read_text().split()
+    except OSError as exc:
+        raise UsageError(f"{where}: cannot read trace {path}: {exc.strerror}") from exc
+    try:
+        stamps = [int(w) for w in words]
+    except ValueError:
+        raise UsageError(f"{where}: {path} is not a Mahimahi trace (one integer ms per line)") from None
+    if not stamps or stamps[-1] <= 0 or any(b < a for a, b in zip(stamps, stamps[1:], strict=False)) \
+            or stamps[0] < 0:
+        raise UsageError(f"{where}: {path} needs ascending ms timestamps ending after 0 ms")
+    return path.resolve()
+
+
+_LINK_KEYS = ("rate", "delay", "jitter", "loss", "queue", "trace")
+
+
+def _check_flat_keys(flat: dict, where: str) -> None:
+    parsers = {
+        "rate": parse_rate, "delay": parse_duration, "jitter": parse_duration, "loss": parse_loss,
+        "queue": QueueSize.parse, "trace": _check_trace,
+    }  # fmt: skip
+    for key, value in flat.items():
+        if key not in parsers:
+            raise UsageError(f"{where}.{key}: unknown key (known: up, down, description, {', '.join(_LINK_KEYS)})")
+        if value is not None:
+            parsers[key](value, f"{where}.{key}")
+
+
+@dataclass(frozen=True)
+class LinkProfile:
+    """One direction of the emulated path (see the module docstring for the semantics)."""
+
+    rate_bps: float | None
+    delay_s: float = 0.0
+    jitter_s: float = 0.0
+    loss: float = 0.0
+    queue: QueueSize | None = None
+    trace: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.trace is not None and self.rate_bps is not None:
+            raise UsageError("a link takes either a rate or a trace, not both")
+
+    @classmethod
+    def from_dict(cls, data: dict, where: str) -> LinkProfile:
+        if not isinstance(data, dict):
+            raise UsageError(f"{where}: expected a mapping of {', '.join(_LINK_KEYS)}, got {data!r}")
+        for key in data:
+            if key not in _LINK_KEYS:
+                raise UsageError(f"{where}.{key}: unknown key (known: {', '.join(_LINK_KEYS)})")
+        rate = parse_rate(data.get("rate"), f"{where}.rate")
+        trace = _check_trace(data["trace"], f"{where}.trace") if data.get("trace") is not None else None
+        if rate is not None and trace is not None:
+            raise UsageError(f"{where}: give either rate or trace, not both")
+        delay = parse_duration(data.get("delay", 0), f"{where}.delay")
+        jitter = parse_duration(data.get("jitter", 0), f"{where}.jitter")
+        if jitter > 0 and jitter > delay:
+            raise UsageError(f"{where}.jitter: {data['jitter']!r} is larger than the delay {data.get('delay')!r}")
+        loss = parse_loss(data.get("loss", 0), f"{where}.loss")
+        queue = None
+        if data.get("queue") is not None:
+            if rate is None and trace is None:
+                raise UsageError(f"{where}.queue: a queue needs a rate or a trace to drain it")
+            queue = QueueSize.parse(data["queue"], f"{where}.queue")
+        return cls(rate_bps=rate, delay_s=delay, jitter_s=jitter, loss=loss, queue=queue, trace=trace)
+
+    @property
+    def shaped(self) -> bool:
+        return self.rate_bps is not None or self.trace is not None
+
+    def effective_rate_bps(self) -> float | None:
+        if self.trace is not None:
+            return trace_mean_rate_bps(self.trace)
+        return self.rate_bps
+
+    def queue_bytes(self, base_rtt_s: float) -> int | None:
+        """Bottleneck queue in bytes (None when the link has no rate)."""
+        rate = self.effective_rate_bps()
+        if rate is None:
+            return None
+        bdp = rate * base_rtt_s / 8
+        if self.queue is None:
+            return max(MIN_DEFAULT_QUEUE_PACKETS * ETH_FRAME, int(bdp))
+        return self.queue.to_bytes(bdp)
+
+    def describe(self) -> str:
+        parts = []
+        if self.rate_bps is not None:
+            parts.append(f"{self.rate_bps / 1e6:g} Mbit/s")
+        if self.trace is not None:
+            parts.append(f"trace {self.trace.name}")
+        parts.append(f"{self.delay_s * 1e3:g} ms")
+        if self.jitter_s:
+            parts.append(f"±{self.jitter_s * 1e3:g} ms")
+        if self.loss:
+            parts.append(f"{self.loss * 100:g}% loss")
+        if self.queue is not None:
+            parts.append(f"queue {self.queue}")
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class PathProfile:
+    name: str
+    up: LinkProfile  # sender -> receiver (data)
+    down: LinkProfile  # receiver -> sender (ACKs)
+
+    @classmethod
+    def from_dict(cls, name: str, data: dict, where: str) -> PathProfile:
+        if not isinstance(data, dict):
+            raise UsageError(f"{where}: expected a mapping (rate, delay, ... or up:/down:), got {data!r}")
+        flat = {k: v for k, v in data.items() if k not in ("up", "down", "description")}
+        _check_flat_keys(flat, where)  # errors in flat keys name the key where it was written
+        links = {}
+        for direction in ("up", "down"):
+            section = data.get(direction, {})
+            if section is None:
+                section = {}
+            if not isinstance(section, dict):
+                raise UsageError(f"{where}.{direction}: expected a mapping, got {section!r}")
+            merged = {**flat, **section}
+            links[direction] = LinkProfile.from_dict(merged, f"{where}.{direction}")
+        return cls(name=name, up=links["up"], down=links["down"])
+
+    @property
+    def base_rtt_s(self) -> float:
+        return self.up.delay_s + self.down.delay_s
+
+    @property
+    def bdp_bytes(self) -> float:
+        """Bandwidth-delay product of the data direction (0 when it has no rate)."""
+        rate = self.up.effective_rate_bps()
+        return 0.0 if rate is None else rate * self.base_rtt_s / 8
+
+    def describe(self) -> str:
+        return f"{self.name}: up {self.up.describe()}; down {self.down.describe()}"
