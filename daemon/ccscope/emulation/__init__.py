@@ -1,0 +1,26 @@
+"""The emulated network of `ccscope scenario`: namespaces, per-direction link impairments, cleanup.
+
+    with Testbed(PathProfile.from_dict("wired", {"rate": "50mbit", "delay": "10ms"}, "profiles.wired")) as tb:
+        tb.set_algorithm("cubic")
+        print(tb.verify().message)
+        tb.run(tb.sender_ns, ["iperf3", "-c", tb.receiver_addr, "-t", "5"], timeout=20)
+"""
+
+from .algorithms import available_algorithms, require_algorithms
+from .backends import Capabilities, probe_backends
+from .profile import LinkProfile, PathProfile, QueueSize
+from .state import cleanup_all
+from .testbed import Testbed, VerifyResult
+
+__all__ = [
+    "Capabilities",
+    "LinkProfile",
+    "PathProfile",
+    "QueueSize",
+    "Testbed",
+    "VerifyResult",
+    "available_algorithms",
+    "cleanup_all",
+    "probe_backends",
+    "require_algorithms",
+]

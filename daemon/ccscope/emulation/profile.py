@@ -25,6 +25,7 @@ next to `up:`/`down:` are defaults that the sections override.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from dataclasses import dataclass
@@ -232,8 +233,7 @@ def _check_trace(raw: Any, where: str) -> Path:
         stamps = [int(w) for w in words]
     except ValueError:
         raise UsageError(f"{where}: {path} is not a Mahimahi trace (one integer ms per line)") from None
-    if not stamps or stamps[-1] <= 0 or any(b < a for a, b in zip(stamps, stamps[1:], strict=False)) \
-            or stamps[0] < 0:
+    if not stamps or stamps[0] < 0 or stamps[-1] <= 0 or any(b < a for a, b in itertools.pairwise(stamps)):
         raise UsageError(f"{where}: {path} needs ascending ms timestamps ending after 0 ms")
     return path.resolve()
 

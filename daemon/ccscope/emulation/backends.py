@@ -1,0 +1,218 @@
+"""Link backends: what the kernel offers, and how one direction's impairments are applied.
+
+Both backends put every impairment of a direction on the router namespace's egress interface of that
+direction, and keep the delay line separate from the bottleneck queue:
+
+- "netem": netem (delay, jitter, random loss) as the root qdisc with a large limit, so its tfifo is only
+  the delay line, and tbf (rate, burst, drop-tail bottleneck queue) as its child.
+- "userspace": for kernels without sch_netem. tbf (rate and bottleneck queue) stays in the kernel as
+  root qdisc; delay, jitter and loss happen in ccscope-delayline, bound to an NFQUEUE queue that an
+  iptables FORWARD rule in the router namespace feeds with that direction's packets. A Mahimahi trace
+  (rate from delivery opportunities, with its own drop-tail queue) also runs in the delay line.
+
+Qdiscs are managed with pyroute2. `tc` is not used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import gzip
+import os
+import secrets
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from pyroute2 import IPRoute
+from pyroute2.netlink.exceptions import NetlinkError
+
+from ccscope.errors import CcscopeError, PrerequisiteError
+
+from ._system import in_ns, need, sh
+from .profile import ETH_FRAME, LinkProfile
+
+DELAYLINE = Path(__file__).with_name("ccscope-delayline")
+NETEM_LIMIT = 1_000_000  # packets the delay line may hold: never the bottleneck
+NFQUEUE_MAXLEN = 1 << 17
+# netem keeps packets in order under jitter only when its own rate is set (it then schedules each packet
+# after the previous one); a rate far above any emulated link gives ordering without shaping.
+NETEM_ORDER_RATE_BPS = 32e9
+PROBED_QDISCS = ("netem", "tbf", "htb", "fq")
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    qdiscs: frozenset[str]
+    nfqueue: bool
+    delayline: Path | None
+
+    @property
+    def netem(self) -> bool:
+        return "netem" in self.qdiscs
+
+    @property
+    def userspace(self) -> bool:
+        return "tbf" in self.qdiscs and self.nfqueue and self.delayline is not None
+
+
+def kernel_hz() -> int:
+    """CONFIG_HZ from /proc/config.gz or /boot; 100 (the lowest, so the largest tbf burst) if unknown."""
+    for path in (Path("/proc/config.gz"), Path(f"/boot/config-{os.uname().release}")):
+        try:
+            text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.startswith("CONFIG_HZ="):
+                return int(line.split("=")[1])
+    return 100
+
+
+@functools.cache
+def probe_backends() -> Capabilities:
+    """Which qdiscs and NFQUEUE work, tried for real in a scratch namespace (cached per process)."""
+    need("ip")
+    ns = f"ccs-probe-{os.getpid()}-{secrets.token_hex(3)}"
+    sh(["ip", "netns", "add", ns])
+    found = set()
+    nfqueue = False
+    try:
+        with IPRoute(netns=ns) as ipr:
+            lo = ipr.link_lookup(ifname="lo")[0]
+            ipr.link("set", index=lo, state="up")
+            for kind in PROBED_QDISCS:
+                kw = {"rate": "10mbit", "burst": 20000, "limit": 100000} if kind == "tbf" else {}
+                try:
+                    ipr.tc("add", kind, lo, handle=0x10000, **kw)
+                except NetlinkError:
+                    continue  # EOPNOTSUPP / ENOENT: "Specified qdisc kind is unknown"
+                found.add(kind)
+                with contextlib.suppress(NetlinkError):
+                    ipr.tc("del", kind, lo, handle=0x10000, **kw)
+        with contextlib.suppress(PrerequisiteError):
+            need("iptables")
+            rule = ["-t", "mangle", "-A", "FORWARD", "-j", "NFQUEUE", "--queue-num", "0"]
+            nfqueue = sh(in_ns(ns, ["iptables", *rule]), check=False).returncode == 0
+    finally:
+        sh(["ip", "netns", "del", ns], check=False)
+    delayline = DELAYLINE if os.access(DELAYLINE, os.X_OK) else None
+    return Capabilities(qdiscs=frozenset(found), nfqueue=nfqueue, delayline=delayline)
+
+
+def choose_backend(requested: str, caps: Capabilities) -> str:
+    if requested not in ("auto", "netem", "userspace"):
+        raise CcscopeError(f"unknown emulation backend {requested!r} (use auto, netem or userspace)")
+    if requested in ("auto", "netem") and caps.netem and "tbf" in caps.qdiscs:
+        return "netem"
+    if requested == "netem":
+        raise PrerequisiteError("sch_netem is not in this kernel", "use backend auto or userspace")
+    if "tbf" not in caps.qdiscs:
+        raise PrerequisiteError("the tbf qdisc is not in this kernel (CONFIG_NET_SCH_TBF)")
+    if not caps.nfqueue:
+        raise PrerequisiteError("NFQUEUE does not work here (needs CONFIG_NETFILTER_XT_TARGET_NFQUEUE and iptables)",
+                                "apt install iptables")
+    if caps.delayline is None:
+        raise PrerequisiteError(f"{DELAYLINE.name} is not built", "run make (needs gcc, libnetfilter-queue-dev)")
+    return "userspace"
+
+
+def tbf_params(rate_bps: float, queue_bytes: int) -> dict:
+    """tbf needs burst >= rate/HZ (else it cannot reach the rate) and an explicit limit."""
+    burst = max(int(rate_bps / 8 / kernel_hz()) + 1, 2 * ETH_FRAME)
+    return {"rate": f"{int(rate_bps)}bit", "burst": burst, "limit": queue_bytes}
+
+
+def apply_link(ipr: IPRoute, ifindex: int, link: LinkProfile, backend: str, base_rtt_s: float) -> dict:
+    """Installs the kernel part of one direction on `ifindex`; returns what was installed."""
+    installed: dict = {"qdiscs": []}
+    # A trace link runs wholly in the delay line (its queue is there too), on either backend.
+    netem_root = backend == "netem" and not link.trace and (link.delay_s or link.jitter_s or link.loss)
+    tbf_parent = None
+    if netem_root:
+        kw = {"delay": int(link.delay_s * 1e6), "jitter": int(link.jitter_s * 1e6), "limit": NETEM_LIMIT,
+              "loss": link.loss * 100}
+        if link.jitter_s:
+            kw["rate"] = f"{int(NETEM_ORDER_RATE_BPS)}bit"
+        ipr.tc("add", "netem", ifindex, handle=0x10000, **kw)
+        installed["qdiscs"].append("netem 1: root")
+        tbf_parent = 0x10001
+    if link.rate_bps is not None:
+        queue_bytes = link.queue_bytes(base_rtt_s)
+        assert queue_bytes is not None
+        params = tbf_params(link.rate_bps, queue_bytes)
+        where = {"parent": tbf_parent} if tbf_parent else {}
+        ipr.tc("add", "tbf", ifindex, handle=0x20000, **where, **params)
+        installed["qdiscs"].append(f"tbf 2: rate {params['rate']} burst {params['burst']} limit {queue_bytes}")
+        if link.queue is not None and link.queue.packets is not None:
+            # A queue in packets: a pfifo child counts packets (tbf's own limit counts bytes).
+            ipr.tc("add", "pfifo", ifindex, parent=0x20001, handle=0x30000, limit=link.queue.packets)
+            installed["qdiscs"].append(f"pfifo 3: limit {link.queue.packets}p")
+    return installed
+
+
+def qdisc_stats(ipr: IPRoute, ifindex: int) -> dict[str, dict[str, int]]:
+    """{kind: {"packets", "bytes", "drops", "backlog"}} of the qdiscs on ifindex."""
+    out: dict[str, dict[str, int]] = {}
+    for q in ipr.get_qdiscs(ifindex):
+        kind = q.get_attr("TCA_KIND")
+        stats2 = q.get_attr("TCA_STATS2")
+        if stats2 is None:
+            continue
+        basic = stats2.get_attr("TCA_STATS_BASIC") or {}
+        queue = stats2.get_attr("TCA_STATS_QUEUE") or {}
+        out[kind] = {"packets": basic.get("packets", 0), "bytes": basic.get("bytes", 0),
+                     "drops": queue.get("drops", 0), "backlog": queue.get("backlog", 0)}
+    return out
+
+
+class DelayLine:
+    """One ccscope-delayline process serving one direction's NFQUEUE queue in the router namespace."""
+
+    def __init__(self, ns: str, queue_num: int, link: LinkProfile, base_rtt_s: float, stats_path: Path,
+                 seed: int) -> None:
+        self.ns = ns
+        self.queue_num = queue_num
+        self.stats_path = stats_path
+        argv = [str(DELAYLINE), "--queue", str(queue_num), "--delay-us", str(round(link.delay_s * 1e6)),
+                "--jitter-us", str(round(link.jitter_s * 1e6)), "--loss", repr(link.loss), "--seed", str(seed),
+                "--maxlen", str(NFQUEUE_MAXLEN), "--stats", str(stats_path)]
+        if link.trace is not None:
+            argv += ["--trace", str(link.trace)]
+            if link.queue is not None and link.queue.packets is not None:
+                argv += ["--queue-packets", str(link.queue.packets)]
+            else:
+                argv += ["--queue-bytes", str(link.queue_bytes(base_rtt_s))]
+        self.argv = argv
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, popen) -> subprocess.Popen:
+        self.proc = popen(self.ns, self.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline() if self.proc.stdout else ""
+        if line.strip() != "ready":
+            self.proc.kill()
+            err = self.proc.stderr.read().strip() if self.proc.stderr else ""
+            raise CcscopeError(f"ccscope-delayline did not start: {err or line.strip() or 'no output'}")
+        return self.proc
+
+    def stats(self, fresh: bool = True) -> dict[str, int]:
+        """Counters from the stats file; with fresh, asks the process to rewrite it first."""
+        before = self._read()
+        if fresh and self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGUSR1)
+            deadline = time.monotonic() + 1.0
+            while time.monotonic() < deadline:
+                now = self._read()
+                if now.get("seq", 0) > before.get("seq", 0):
+                    return now
+                time.sleep(0.005)
+        return before
+
+    def _read(self) -> dict[str, int]:
+        try:
+            text = self.stats_path.read_text()
+        except OSError:
+            return {}
+        return {k: int(v) for k, v in (line.split() for line in text.splitlines() if line.strip())}

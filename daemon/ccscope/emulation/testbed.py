@@ -1,0 +1,379 @@
+"""The emulated network: sender, router and receiver namespaces joined by veth pairs.
+
+    sender_ns                 router_ns                         receiver_ns
+    veth-s 192.0.2.2 ---- veth-rs 192.0.2.1 | veth-rr 198.51.100.1 ---- veth-r 198.51.100.2
+
+All impairments sit on the router's egress: the `up` direction (data, sender -> receiver) on veth-rr,
+the `down` direction (ACKs) on veth-rs. Names are unique per run ("ccs-<run_id>-snd" ...), so runs can
+coexist, and `cleanup_all()` finds them by the "ccs-" prefix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+import signal
+import statistics
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from pyroute2 import IPRoute
+
+from ccscope.errors import CcscopeError, UsageError
+
+from . import algorithms, backends, state
+from ._system import in_ns, need, sh
+from .profile import PathProfile
+
+SENDER_ADDR = "192.0.2.2"
+ROUTER_SENDER_ADDR = "192.0.2.1"
+ROUTER_RECEIVER_ADDR = "198.51.100.1"
+RECEIVER_ADDR = "198.51.100.2"
+# Offloads that would hand super-packets to the shaper (and GRO that builds them on receive).
+OFFLOADS = ("tso", "gso", "gro")
+UDP_PAYLOAD = 1472  # 1514-byte frames
+FRAME = 1514
+_RUN_ID = re.compile(r"^[a-z0-9]{1,16}$")
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    rtt_expected_s: float
+    rtt_measured_s: float
+    rtt_ok: bool
+    rate_expected_bps: float | None  # layer-2 rate of the up direction; None = unlimited, not probed
+    rate_measured_bps: float | None
+    rate_ok: bool
+    message: str
+
+    @property
+    def ok(self) -> bool:
+        return self.rtt_ok and self.rate_ok
+
+
+class Testbed:
+    """Context manager; everything it creates is removed on exit, on exceptions, SIGINT and SIGTERM."""
+
+    def __init__(self, profile: PathProfile, *, backend: str = "auto", run_id: str | None = None,
+                 seed: int | None = None) -> None:
+        if run_id is not None and not _RUN_ID.match(run_id):
+            raise UsageError(f"run id {run_id!r} must be 1-16 lowercase letters or digits")
+        self.profile = profile
+        self.requested_backend = backend
+        self.run_id = run_id or secrets.token_hex(4)
+        self.seed = seed if seed is not None else secrets.randbits(32)
+        self.sender_ns = f"ccs-{self.run_id}-snd"
+        self.router_ns = f"ccs-{self.run_id}-rtr"
+        self.receiver_ns = f"ccs-{self.run_id}-rcv"
+        self.sender_addr = SENDER_ADDR
+        self.receiver_addr = RECEIVER_ADDR
+        self.backend = ""
+        self.offloads: dict[str, dict[str, str]] = {}  # "ns/dev" -> {"tso": "off", ...}
+        self.installed: dict[str, dict] = {}
+        self.algorithm: str | None = None
+        self._procs: list[subprocess.Popen] = []
+        self._delaylines: dict[str, backends.DelayLine] = {}
+        self._state: state.RunState | None = None
+        self._old_handlers: dict[int, object] = {}
+        self._closed = False
+        self._lock = threading.Lock()
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+    def __enter__(self) -> Testbed:
+        self._install_signal_handlers()
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def namespaces(self) -> list[str]:
+        return [self.sender_ns, self.router_ns, self.receiver_ns]
+
+    @property
+    def stats_dir(self) -> Path:
+        return state.state_dir() / f"{self.run_id}.d"
+
+    def _start(self) -> None:
+        need("ip", "ethtool", "sysctl")
+        caps = backends.probe_backends()
+        self.backend = backends.choose_backend(self.requested_backend, caps)
+        if self.backend == "userspace" and any(link.delay_s or link.jitter_s or link.loss
+                                               for link in (self.profile.up, self.profile.down)):
+            need("iptables")
+        if any(link.trace for link in (self.profile.up, self.profile.down)):
+            need("iptables")  # trace links always run in the delay line
+            if caps.delayline is None or not caps.nfqueue:
+                backends.choose_backend("userspace", caps)  # raises the missing prerequisite
+        # The state file comes first: a kill -9 from here on leaves only what cleanup_all() removes.
+        self._state = state.RunState.new(self.run_id, self.namespaces)
+        self._state.backend = self.backend
+        with state.locked():
+            for ns in self.namespaces:
+                if Path(f"/run/netns/{ns}").exists():
+                    raise CcscopeError(f"namespace {ns} already exists (run `ccscope cleanup`)")
+            self._state.save()
+        self._build_topology()
+        self._apply_impairments()
+
+    def _build_topology(self) -> None:
+        for ns in self.namespaces:
+            sh(["ip", "netns", "add", ns])
+        s, r, c = self.namespaces
+        # Created directly inside their namespaces, so names never collide in the init namespace.
+        sh(["ip", "link", "add", "veth-s", "netns", s, "type", "veth", "peer", "name", "veth-rs", "netns", r])
+        sh(["ip", "link", "add", "veth-rr", "netns", r, "type", "veth", "peer", "name", "veth-r", "netns", c])
+        plan = [(s, "veth-s", f"{SENDER_ADDR}/24", ROUTER_SENDER_ADDR),
+                (r, "veth-rs", f"{ROUTER_SENDER_ADDR}/24", None),
+                (r, "veth-rr", f"{ROUTER_RECEIVER_ADDR}/24", None),
+                (c, "veth-r", f"{RECEIVER_ADDR}/24", ROUTER_RECEIVER_ADDR)]
+        for ns, dev, addr, gw in plan:
+            with IPRoute(netns=ns) as ipr:
+                idx = ipr.link_lookup(ifname=dev)[0]
+                ip, plen = addr.split("/")
+                ipr.addr("add", index=idx, address=ip, prefixlen=int(plen))
+                ipr.link("set", index=idx, state="up")
+                lo = ipr.link_lookup(ifname="lo")[0]
+                ipr.link("set", index=lo, state="up")
+                if gw:
+                    ipr.route("add", dst="0.0.0.0/0", gateway=gw)
+            self._disable_offloads(ns, dev)
+        sh(in_ns(r, ["sysctl", "-q", "-w", "net.ipv4.ip_forward=1"]))
+
+    def _disable_offloads(self, ns: str, dev: str) -> None:
+        args = [x for o in OFFLOADS for x in (o, "off")]
+        sh(in_ns(ns, ["ethtool", "-K", dev, *args]))
+        shown = sh(in_ns(ns, ["ethtool", "-k", dev])).stdout
+        names = {"tso": "tcp-segmentation-offload", "gso": "generic-segmentation-offload",
+                 "gro": "generic-receive-offload"}
+        got = {}
+        for key, long in names.items():
+            m = re.search(rf"^{long}: (\w+)", shown, re.M)
+            got[key] = m.group(1) if m else "?"
+        if any(v != "off" for v in got.values()):
+            raise CcscopeError(f"could not turn offloads off on {dev} in {ns}: {got}")
+        self.offloads[f"{ns}/{dev}"] = got
+
+    def _apply_impairments(self) -> None:
+        rtt = self.profile.base_rtt_s
+        egress = {"up": "veth-rr", "down": "veth-rs"}
+        ingress = {"up": "veth-rs", "down": "veth-rr"}
+        with IPRoute(netns=self.router_ns) as ipr:
+            for direction, link in (("up", self.profile.up), ("down", self.profile.down)):
+                idx = ipr.link_lookup(ifname=egress[direction])[0]
+                self.installed[direction] = backends.apply_link(ipr, idx, link, self.backend, rtt)
+        for queue_num, (direction, link) in enumerate((("up", self.profile.up), ("down", self.profile.down))):
+            in_kernel = self.backend == "netem" and not link.trace
+            if in_kernel or not (link.delay_s or link.jitter_s or link.loss or link.trace):
+                continue
+            self.stats_dir.mkdir(parents=True, exist_ok=True)
+            dl = backends.DelayLine(self.router_ns, queue_num, link, rtt, self.stats_dir / f"{direction}.stats",
+                                    seed=self.seed + queue_num)
+            dl.start(self.popen)  # bound to its queue before any packet is sent there
+            self._delaylines[direction] = dl
+            # No --queue-bypass: without the delay line packets must not pass undelayed.
+            sh(in_ns(self.router_ns, ["iptables", "-t", "mangle", "-A", "FORWARD", "-i", ingress[direction],
+                                      "-o", egress[direction], "-j", "NFQUEUE", "--queue-num", str(queue_num)]))
+            self.installed[direction]["delayline"] = " ".join(dl.argv[1:])
+
+    def close(self) -> None:
+        """Idempotent teardown; signals are held back until it is done."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        held = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+        in_main = threading.current_thread() is threading.main_thread()
+        if in_main:
+            signal.pthread_sigmask(signal.SIG_BLOCK, held)
+        try:
+            for proc in self._procs:
+                _terminate(proc)
+            for ns in self.namespaces:
+                state.remove_namespace(ns)
+            if self._state is not None:
+                with state.locked():
+                    others = [s for s in state.all_states() if s.run_id != self.run_id and s.alive()]
+                    state.release_algorithms(self._state, others)
+                    self._state.path.unlink(missing_ok=True)
+            if self.stats_dir.is_dir():
+                for f in self.stats_dir.iterdir():
+                    f.unlink(missing_ok=True)
+                self.stats_dir.rmdir()
+        finally:
+            self._restore_signal_handlers()
+            if in_main:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
+
+    def _install_signal_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def stop(signum, frame):
+            raise SystemExit(128 + signum)  # unwinds through __exit__, which cleans up
+
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            self._old_handlers[sig] = signal.signal(sig, stop)
+        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+            return  # (KeyboardInterrupt already unwinds through __exit__)
+
+    def _restore_signal_handlers(self) -> None:
+        for sig, old in self._old_handlers.items():
+            with contextlib.suppress(ValueError, TypeError):
+                signal.signal(sig, old)
+        self._old_handlers.clear()
+
+    # ---- processes -------------------------------------------------------------------------------
+    def popen(self, ns: str, argv: list[str], **kw) -> subprocess.Popen:
+        """Starts argv inside namespace `ns`; the process is killed when the testbed closes."""
+        if ns not in self.namespaces:
+            raise UsageError(f"{ns} is not a namespace of this testbed")
+        need(argv[0])
+        kw.setdefault("start_new_session", True)
+        proc = subprocess.Popen(in_ns(ns, argv), **kw)
+        self._procs.append(proc)
+        return proc
+
+    def run(self, ns: str, argv: list[str], timeout: float, **kw) -> subprocess.CompletedProcess:
+        """Runs argv in `ns` to completion; kills it and raises subprocess.TimeoutExpired after timeout."""
+        kw.setdefault("stdout", subprocess.PIPE)
+        kw.setdefault("stderr", subprocess.PIPE)
+        kw.setdefault("text", True)
+        proc = self.popen(ns, argv, **kw)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _terminate(proc)
+            raise
+        self._procs.remove(proc)
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+    # ---- congestion control ----------------------------------------------------------------------
+    def set_algorithm(self, algorithm: str) -> None:
+        """Default congestion control of the sender and receiver namespaces (allowed in init ns first)."""
+        algorithms.require_algorithms([algorithm])
+        assert self._state is not None, "set_algorithm needs an entered Testbed"
+        state.allow_algorithm(self._state, algorithm)
+        for ns in (self.sender_ns, self.receiver_ns):
+            sh(in_ns(ns, ["sysctl", "-q", "-w", f"net.ipv4.tcp_congestion_control={algorithm}"]))
+            got = sh(in_ns(ns, ["sysctl", "-n", "net.ipv4.tcp_congestion_control"])).stdout.strip()
+            if got != algorithm:
+                raise CcscopeError(f"{ns} uses {got} after setting {algorithm}")
+        self.algorithm = algorithm
+
+    def netns_inode(self, ns: str) -> int:
+        return os.stat(f"/run/netns/{ns}").st_ino
+
+    # ---- measurements ----------------------------------------------------------------------------
+    def link_stats(self) -> dict[str, dict[str, int]]:
+        """Per direction: packets that left the router egress, drops in the bottleneck queue, random
+        drops (loss), and for the delay line the kernel-side NFQUEUE overflows."""
+        egress = {"up": "veth-rr", "down": "veth-rs"}
+        out: dict[str, dict[str, int]] = {}
+        with IPRoute(netns=self.router_ns) as ipr:
+            for direction, dev in egress.items():
+                idx = ipr.link_lookup(ifname=dev)[0]
+                qd = backends.qdisc_stats(ipr, idx)
+                link = ipr.get_links(idx)[0]
+                st64 = link.get_attr("IFLA_STATS64") or {}
+                queue_drops = sum(v["drops"] for k, v in qd.items() if k in ("tbf", "pfifo"))
+                random_drops = qd.get("netem", {}).get("drops", 0)
+                rec = {"packets": st64.get("tx_packets", 0), "bytes": st64.get("tx_bytes", 0),
+                       "queue_drops": queue_drops, "random_drops": random_drops, "delay_overflows": 0}
+                dl = self._delaylines.get(direction)
+                if dl is not None:
+                    s = dl.stats()
+                    rec["random_drops"] += s.get("random_drops", 0)
+                    rec["queue_drops"] += s.get("queue_drops", 0)
+                    rec["delay_overflows"] = s.get("kernel_queue_dropped", 0) + s.get("kernel_user_dropped", 0)
+                out[direction] = rec
+        return out
+
+    def ping_rtts(self, count: int = 10, interval: float = 0.02) -> list[float]:
+        """RTT samples in seconds, sender -> receiver (after one warm-up ping for ARP)."""
+        need("ping")
+        timeout = 5 + count * (interval + 2 * self.profile.base_rtt_s) + 2 * self.profile.base_rtt_s
+        self.run(self.sender_ns, ["ping", "-c", "1", "-W", "2", self.receiver_addr], timeout=timeout)
+        out = self.run(self.sender_ns, ["ping", "-n", "-c", str(count), "-i", str(interval), "-W", "2",
+                                        self.receiver_addr], timeout=timeout).stdout
+        return [float(x) / 1e3 for x in re.findall(r"time=([0-9.]+) ms", out)]
+
+    def udp_rate(self, rate_bps: float, seconds: float = 2.0) -> float:
+        """Layer-2 rate delivered to the receiver while the sender offers rate_bps of UDP."""
+        need("iperf3")
+        port = 5201 + secrets.randbelow(1000)
+        server = self.popen(self.receiver_ns, ["iperf3", "-s", "-1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            _wait_port(self, port)
+            payload_rate = rate_bps * UDP_PAYLOAD / FRAME
+            res = self.run(self.sender_ns, ["iperf3", "-c", self.receiver_addr, "-p", str(port), "-u", "-J",
+                                            "-l", str(UDP_PAYLOAD), "-b", str(int(payload_rate)),
+                                            "-t", str(seconds)], timeout=seconds + 15)
+            data = json.loads(res.stdout)
+            if "error" in data:
+                raise CcscopeError(f"iperf3 rate probe failed: {data['error']}")
+            received = data["end"].get("sum_received") or data["end"]["sum"]
+            return received["bits_per_second"] * FRAME / UDP_PAYLOAD
+        finally:
+            _terminate(server)
+
+    def verify(self, rtt_tolerance: tuple[float, float] = (0.02, 0.0005),
+               rate_tolerance: float = 0.03) -> VerifyResult:
+        """Unloaded RTT (median of 10 pings) and a 2 s UDP rate probe of the up direction.
+        rtt_tolerance is (relative, absolute seconds): ok when |measured - expected| <= rel*expected + abs.
+        The rate probe offers 10% above the configured rate; ok when delivered >= (1 - rate_tolerance)
+        of it and not above (1 + rate_tolerance)."""
+        expected_rtt = self.profile.base_rtt_s
+        samples = self.ping_rtts()
+        if not samples:
+            raise CcscopeError(f"no ping reply from {self.receiver_addr} through the emulated path")
+        rtt = statistics.median(samples)
+        rel, absolute = rtt_tolerance
+        rtt_ok = abs(rtt - expected_rtt) <= rel * expected_rtt + absolute
+        rate_expected = self.profile.up.effective_rate_bps()
+        rate = None
+        rate_ok = True
+        if rate_expected is not None:
+            rate = self.udp_rate(rate_expected * 1.1)
+            rate_ok = abs(rate / rate_expected - 1) <= rate_tolerance
+        msg = (f"RTT {rtt * 1e3:.2f} ms (expected {expected_rtt * 1e3:.2f} ms) {'ok' if rtt_ok else 'OFF'}; "
+               + (f"rate {rate / 1e6:.2f} Mbit/s (expected {rate_expected / 1e6:.2f}) {'ok' if rate_ok else 'OFF'}"
+                  if rate is not None and rate_expected is not None else "rate unlimited (not probed)")
+               + f" [{self.backend}]")
+        return VerifyResult(expected_rtt, rtt, rtt_ok, rate_expected, rate, rate_ok, msg)
+
+
+def _terminate(proc: subprocess.Popen) -> None:
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=1)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=5)
+
+
+def _wait_port(tb: Testbed, port: int, timeout: float = 5.0) -> None:
+    """Waits until something listens on TCP `port` in the receiver namespace."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        out = sh(in_ns(tb.receiver_ns, ["ss", "-Hltn", f"sport = :{port}"]), check=False).stdout
+        if out.strip():
+            return
+        time.sleep(0.02)
+    raise CcscopeError(f"iperf3 server did not listen on port {port} within {timeout:g} s")
