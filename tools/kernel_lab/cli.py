@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -63,7 +64,7 @@ def _fetch(args: argparse.Namespace) -> int:
 def _info(args: argparse.Namespace) -> int:
     k = kernel.cached()
     qemu = subprocess.run([vm.QEMU, "--version"], capture_output=True, text=True, check=False) \
-        if not prereqs.missing() else None
+        if shutil.which(vm.QEMU) else None
     data: dict[str, object] = {
         "cache": str(cache_dir()),
         "missing_prerequisites": prereqs.missing(),

@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -132,7 +133,7 @@ def _run(cmd: list[str], what: str, cwd: Path | None = None) -> None:
 
 
 def _download_and_unpack(kernel: Kernel) -> None:
-    print(f"kernel-lab: fetching {kernel.package}", flush=True)
+    print(f"kernel-lab: fetching {kernel.package}", file=sys.stderr, flush=True)
     target = kernel.root.parent
     target.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target, prefix="fetch-") as tmp:

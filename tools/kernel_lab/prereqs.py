@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 
 from . import LabError
 
@@ -48,7 +49,7 @@ def ensure(install: bool = True) -> None:
         raise LabError(f"missing {', '.join(absent)}; needs root to install them (run: sudo {hint})", 3)
     if shutil.which("apt-get") is None:
         raise LabError(f"missing {', '.join(absent)} and no apt-get to install them", 3)
-    print(f"kernel-lab: installing {' '.join(absent)}", flush=True)
+    print(f"kernel-lab: installing {' '.join(absent)}", file=sys.stderr, flush=True)
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     cmd = ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *absent]
     if subprocess.run(cmd, env=env, capture_output=True, check=False).returncode != 0:

@@ -19,7 +19,8 @@ from pathlib import Path
 from . import EXIT_LAB, EXIT_TIMEOUT, LabError, cache_dir
 from .kernel import Kernel
 
-QEMU = "qemu-system-x86_64"
+# KERNEL_LAB_QEMU picks another qemu binary (and lets the tests check the error when there is none).
+QEMU = os.environ.get("KERNEL_LAB_QEMU", "qemu-system-x86_64")
 GUEST_CTL = "/run/kernel-lab"
 GUEST_PATH = f"{GUEST_CTL}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Host variables the command sees in the guest as well (CI decides skip-versus-fail in tests).
@@ -115,7 +116,7 @@ class _Forwarder:
 
 def run(kernel: Kernel, initrd: Path, spec: RunSpec) -> int:
     if shutil.which(QEMU) is None:
-        raise LabError(f"{QEMU} not found (install qemu-system-x86)", 3)
+        raise LabError(f"{QEMU} not found (install it: apt-get install qemu-system-x86)", 3)
     for share in spec.shares:
         if not os.path.isdir(share):
             raise LabError(f"--share {share}: not a directory", 2)

@@ -1,0 +1,374 @@
+"""Checks run INSIDE the kernel-lab guest (stock Debian kernel under qemu), as root, with the host venv.
+
+Usage (from the host): tools/kernel-lab run --share DIR -- .venv/bin/python tests/vm/guest_checks.py
+DIR/results.json [CHECK...]
+
+Each check returns a dict of observations; the host-side tests (test_stock_kernel.py) assert on them.
+A check that raises is recorded as {"error": ...} and the others still run: one boot serves them all.
+The results file is rewritten after every check so a timeout still leaves what was measured.
+Nothing here asserts exact figures: TCG timing is noisy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import re
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+
+CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
+SNAPLEN_TCP_INFO = 232
+
+
+# --- small helpers (kept here, so the guest side depends on nothing but ccscope) -------------------
+
+def sh(*cmd: str, check: bool = True, timeout: float = 60) -> str:
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+    if check and result.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}: {result.stderr.strip() or result.stdout.strip()}")
+    return result.stdout
+
+
+def read(path: str) -> str:
+    with open(path) as handle:
+        return handle.read().strip()
+
+
+def write(path: str, value: str) -> None:
+    with open(path, "w") as handle:
+        handle.write(value)
+
+
+def tcp_info(sock: socket.socket) -> dict[str, int]:
+    """struct tcp_info (include/uapi/linux/tcp.h) fields we compare with the telemetry."""
+    raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, SNAPLEN_TCP_INFO)
+
+    def u32(off: int) -> int:
+        return struct.unpack_from("I", raw, off)[0]
+
+    def u64(off: int) -> int:
+        return struct.unpack_from("Q", raw, off)[0]
+
+    return {"ca_state": raw[1], "rtt_us": u32(68), "snd_cwnd": u32(80), "total_retrans": u32(100),
+            "pacing_rate": u64(104), "bytes_acked": u64(120), "min_rtt_us": u32(148)}
+
+
+def congestion(sock: socket.socket) -> str:
+    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).split(b"\0")[0].decode()
+
+
+@contextlib.contextmanager
+def in_netns(name: str | None) -> Iterator[None]:
+    """This thread in a named namespace; sockets made inside stay there after we switch back."""
+    if name is None:
+        yield
+        return
+    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    target = os.open(f"/run/netns/{name}", os.O_RDONLY)
+    try:
+        if _libc.setns(target, CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), f"setns {name}")
+        yield
+    finally:
+        _libc.setns(own, CLONE_NEWNET)
+        os.close(target)
+        os.close(own)
+
+
+def netns_inode(name: str | None) -> int:
+    return os.stat(f"/run/netns/{name}" if name else "/proc/self/ns/net").st_ino
+
+
+def netns(name: str) -> None:
+    sh("ip", "netns", "add", name)
+    sh("ip", "-n", name, "link", "set", "lo", "up")
+
+
+def veth_pair(left: str, right: str, net: str = "192.0.2") -> tuple[str, str]:
+    """Two namespaces joined by veth: left has .1 on dev `vl`, right .2 on `vr`."""
+    netns(left)
+    netns(right)
+    sh("ip", "-n", left, "link", "add", "vl", "type", "veth", "peer", "name", "vr", "netns", right)
+    for ns, dev, host in ((left, "vl", 1), (right, "vr", 2)):
+        sh("ip", "-n", ns, "addr", "add", f"{net}.{host}/24", "dev", dev)
+        sh("ip", "-n", ns, "link", "set", dev, "up")
+    return f"{net}.1", f"{net}.2"
+
+
+def drop_netns(*names: str) -> None:
+    for name in names:
+        sh("ip", "netns", "del", name, check=False)
+
+
+def set_cc(ns: str, algorithm: str) -> None:
+    sh("ip", "netns", "exec", ns, "sysctl", "-qw", f"net.ipv4.tcp_congestion_control={algorithm}")
+
+
+class BulkFlow:
+    """One TCP connection sending `nbytes` from client_ns to a sink in server_ns; stays open after."""
+
+    def __init__(self, server_ns: str | None, server_addr: str, client_ns: str | None, nbytes: int,
+                 timeout: float = 60) -> None:
+        with in_netns(server_ns):
+            self.listener = socket.socket()
+        self.listener.bind((server_addr, 0))
+        self.listener.listen(1)
+        self.received = 0
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._sink, args=(nbytes,), daemon=True)
+        self.thread.start()
+        with in_netns(client_ns):
+            self.client = socket.socket()
+        self.client.settimeout(timeout)
+        self.client.connect(self.listener.getsockname())
+        self.ca = congestion(self.client)
+        chunk = b"\0" * 65536
+        started = time.monotonic()
+        sent = 0
+        while sent < nbytes:
+            self.client.sendall(chunk[: min(len(chunk), nbytes - sent)])
+            sent += min(len(chunk), nbytes - sent)
+        if not self.done.wait(timeout):
+            raise TimeoutError(f"sink got {self.received} of {nbytes} bytes")
+        self.seconds = time.monotonic() - started
+        time.sleep(0.1)  # the last ACKs reach the sender, and its tcp_probe
+        self.sport = self.client.getsockname()[1]
+        self.dport = self.listener.getsockname()[1]
+        self.info = tcp_info(self.client)
+
+    def _sink(self, nbytes: int) -> None:
+        conn, _ = self.listener.accept()
+        self.server = conn
+        while True:
+            data = conn.recv(1 << 16)
+            if not data:
+                break
+            self.received += len(data)
+            if self.received >= nbytes:
+                self.done.set()
+
+    def close(self) -> None:
+        for sock in (self.client, getattr(self, "server", None), self.listener):
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.close()
+
+
+# --- the probe (ccscope's BPF object, built on the host) -----------------------------------------------
+
+class Probe:
+    """ccscope's loader, or the exact reason it could not load on this kernel."""
+
+    def __init__(self) -> None:
+        self.probe = None
+        self.error: str | None = None
+        self.verifier: dict[str, str] = {}
+        try:
+            from ccscope.loader import ProbeOptions, TelemetryProbe
+
+            probe = TelemetryProbe(ProbeOptions(sample_interval_ns=1_000_000))
+            probe.__enter__()
+            self.probe = probe
+        except Exception as err:
+            self.error = f"{type(err).__name__}: {err}"
+            self.verifier = verifier_errors()
+
+    def flow(self, sport: int, dport: int, netns_inum: int) -> dict | None:
+        if self.probe is None:
+            return None
+        for f in self.probe.read_flows():
+            if f.sport == sport and f.dport == dport and f.netns == netns_inum:
+                return {"ca_name": f.ca_name.decode(), "snd_cwnd": f.snd_cwnd, "srtt_us": f.srtt_us,
+                        "min_rtt_us": f.min_rtt_us, "total_retrans": f.total_retrans,
+                        "retransmit_events": f.retransmit_events, "bytes_acked": f.bytes_acked,
+                        "pacing_rate": f.pacing_rate}
+        return {"missing": True}
+
+    def close(self) -> None:
+        if self.probe is not None:
+            self.probe.__exit__(None, None, None)
+
+
+def verifier_errors() -> dict[str, str]:
+    """Per failing program, the verifier's last complaint (libbpf's log callback truncates it)."""
+    from ccscope.loader import object_path
+
+    pin = tempfile.mkdtemp(dir="/sys/fs/bpf")
+    try:
+        out = subprocess.run(["bpftool", "-d", "prog", "loadall", str(object_path()), pin],
+                             capture_output=True, text=True, timeout=120, check=False)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return {"bpftool": str(err)}
+    finally:
+        sh("rm", "-rf", pin, check=False)
+    found: dict[str, str] = {}
+    prog, last = None, ""
+    for line in (out.stderr + out.stdout).splitlines():
+        begin = re.search(r"prog '(\w+)': -- BEGIN PROG LOAD LOG --", line)
+        if begin:
+            prog, last = begin.group(1), ""
+        elif prog and "-- END PROG LOAD LOG --" in line:
+            found[prog] = last
+            prog = None
+        elif prog and line.strip() and not re.match(r"(verification time|stack depth|processed \d+)", line):
+            last = line.strip()
+    return found
+
+
+# --- the checks -------------------------------------------------------------------------------------
+
+def check_kernel(probe: Probe) -> dict:
+    return {
+        "release": os.uname().release,
+        "btf": os.path.exists("/sys/kernel/btf/vmlinux"),
+        "available_cc": read("/proc/sys/net/ipv4/tcp_available_congestion_control").split(),
+        "allowed_cc": read("/proc/sys/net/ipv4/tcp_allowed_congestion_control").split(),
+        "modules": sorted(line.split()[0] for line in read("/proc/modules").splitlines()),
+        "probe_loaded": probe.probe is not None,
+        "probe_error": probe.error,
+        "verifier": probe.verifier,
+    }
+
+
+def check_core(probe: Probe) -> dict:
+    """A real loopback flow: telemetry against TCP_INFO of the same socket."""
+    flow = BulkFlow(None, "127.0.0.1", None, 8 << 20)
+    try:
+        return {"ca": flow.ca, "tcp_info": flow.info, "bytes": flow.received,
+                "telemetry": probe.flow(flow.sport, flow.dport, netns_inode(None))}
+    finally:
+        flow.close()
+
+
+def check_netns_cc(probe: Probe) -> dict:
+    """vegas and westwood as a namespace's default, once the init namespace allows them."""
+    allowed_path = "/proc/sys/net/ipv4/tcp_allowed_congestion_control"
+    before = read(allowed_path)
+    out: dict[str, dict] = {}
+    try:
+        netns("klcc0")
+        out["refused_before_allowed"] = {}
+        for algorithm in ("vegas", "westwood"):
+            try:
+                set_cc("klcc0", algorithm)
+                out["refused_before_allowed"][algorithm] = False
+            except RuntimeError:
+                out["refused_before_allowed"][algorithm] = True
+        write(allowed_path, f"{before} vegas westwood")
+        for i, algorithm in enumerate(("vegas", "westwood")):
+            ns = f"klcc{i + 1}"
+            netns(ns)
+            set_cc(ns, algorithm)
+            flow = BulkFlow(ns, "127.0.0.1", ns, 2 << 20)
+            try:
+                out[algorithm] = {"socket_ca": flow.ca, "tcp_info": flow.info,
+                                  "sysctl": sh("ip", "netns", "exec", ns, "sysctl", "-n",
+                                               "net.ipv4.tcp_congestion_control").strip(),
+                                  "telemetry": probe.flow(flow.sport, flow.dport, netns_inode(ns))}
+            finally:
+                flow.close()
+        out["init_ns_default"] = read("/proc/sys/net/ipv4/tcp_congestion_control")
+    finally:
+        write(allowed_path, before)
+        drop_netns("klcc0", "klcc1", "klcc2")
+    return out
+
+
+def qdisc_stats(ns: str, dev: str) -> list[dict]:
+    text = sh("ip", "netns", "exec", ns, "tc", "-s", "-j", "qdisc", "show", "dev", dev)
+    return [{"kind": q.get("kind"), "bytes": q.get("bytes", 0), "packets": q.get("packets", 0),
+             "drops": q.get("drops", 0)} for q in json.loads(text or "[]")]
+
+
+def check_fq_bbr(probe: Probe) -> dict:
+    """BBR over fq on the sender's veth: fq carries the packets, the socket paces."""
+    allowed_path = "/proc/sys/net/ipv4/tcp_allowed_congestion_control"
+    before = read(allowed_path)
+    try:
+        write(allowed_path, f"{before} bbr")
+        _, right = veth_pair("klfqs", "klfqr")
+        sh("ip", "netns", "exec", "klfqs", "tc", "qdisc", "replace", "dev", "vl", "root", "fq")
+        set_cc("klfqs", "bbr")
+        flow = BulkFlow("klfqr", right, "klfqs", 8 << 20)
+        try:
+            return {"socket_ca": flow.ca, "tcp_info": flow.info, "bytes": flow.received,
+                    "qdisc": qdisc_stats("klfqs", "vl"),
+                    "telemetry": probe.flow(flow.sport, flow.dport, netns_inode("klfqs"))}
+        finally:
+            flow.close()
+    finally:
+        write(allowed_path, before)
+        drop_netns("klfqs", "klfqr")
+
+
+def _flow_over(qdisc: list[str], nbytes: int, probe: Probe) -> dict:
+    """One flow through a fresh veth pair whose sender side has `qdisc` (netem args) at root."""
+    try:
+        _, right = veth_pair("klnes", "klner", net="198.51.100")
+        # netem drops whole skbs: with TSO/GSO one drop would take out a 64 KB burst, not 2% of segments.
+        sh("ip", "netns", "exec", "klnes", "ethtool", "-K", "vl", "tso", "off", "gso", "off")
+        if qdisc:
+            sh("ip", "netns", "exec", "klnes", "tc", "qdisc", "replace", "dev", "vl", "root", "netem", *qdisc)
+        flow = BulkFlow("klner", right, "klnes", nbytes, timeout=120)
+        try:
+            return {"qdisc": qdisc, "socket_ca": flow.ca, "tcp_info": flow.info, "seconds": flow.seconds,
+                    "netem": qdisc_stats("klnes", "vl"),
+                    "telemetry": probe.flow(flow.sport, flow.dport, netns_inode("klnes"))}
+        finally:
+            flow.close()
+    finally:
+        drop_netns("klnes", "klner")
+
+
+def check_netem(probe: Probe) -> dict:
+    return {
+        "plain": _flow_over([], 1 << 20, probe),
+        "delay50": _flow_over(["delay", "50ms"], 1 << 20, probe),
+        "loss2": _flow_over(["loss", "2%"], 4 << 20, probe),
+    }
+
+
+CHECKS: dict[str, Callable[[Probe], dict]] = {
+    "kernel": check_kernel,
+    "core": check_core,
+    "netns_cc": check_netns_cc,
+    "fq_bbr": check_fq_bbr,
+    "netem": check_netem,
+}
+
+
+def main(argv: list[str]) -> int:
+    out_path, wanted = argv[1], argv[2:] or list(CHECKS)
+    results: dict[str, dict] = {}
+    probe = Probe()
+    try:
+        for name in wanted:
+            started = time.monotonic()
+            try:
+                results[name] = CHECKS[name](probe)
+            except Exception as err:
+                results[name] = {"error": f"{type(err).__name__}: {err}",
+                                 "trace": traceback.format_exc(limit=4)}
+            results[name]["check_seconds"] = round(time.monotonic() - started, 2)
+            with open(out_path + ".tmp", "w") as handle:
+                json.dump(results, handle, indent=1)
+            os.replace(out_path + ".tmp", out_path)
+            print(f"guest_checks: {name} done in {results[name]['check_seconds']} s", flush=True)
+    finally:
+        probe.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
