@@ -1,0 +1,211 @@
+"""Metrics over the recorded time series. Definitions (also in docs/scenarios.md):
+
+- goodput: bytes the receiver acknowledged over the flow's active window after the warm-up, in bit/s.
+  The window runs from the first sample at or after (flow start + warm-up) to the last sample at which
+  bytes_acked grew (Pantheon: bits delivered over the flow's own active window).
+- RTT: mean, median and p95 of the kernel's smoothed RTT (srtt) samples in the same window; samples are
+  spaced by the sample interval, so these are time-weighted. p95 uses linear interpolation between
+  order statistics (numpy's default, "type 7").
+- ping under load: mean, median, p95 of ping RTTs sent after the warm-up and before the bulk flows end.
+- retransmit ratio: retransmitted segments / segments sent (bytes_sent / MSS) over the whole flow.
+- Jain's index of n flows' goodputs: (Σx)² / (n·Σx²); 1 is a fair share, 1/n is one flow taking all.
+- over runs: mean and a 95% confidence interval, mean ± t(0.975, n-1)·s/√n (Student t, s the sample
+  standard deviation); no interval with one run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+# t(0.975, df) for df = 1..30; beyond 30 the normal 1.96 is within 2%.
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+         2.045, 2.042)
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """q in 0..100, linear interpolation between closest ranks (numpy's default)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100.0
+    low = math.floor(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def summary(values: Sequence[float]) -> dict[str, float | None]:
+    """mean, median, p95, min, max (None when empty)."""
+    return {"mean": mean(values), "median": percentile(values, 50), "p95": percentile(values, 95),
+            "min": min(values) if values else None, "max": max(values) if values else None,
+            "count": len(values)}
+
+
+def goodput(times_s: Sequence[float], acked: Sequence[int], window_start_s: float) -> tuple[float | None, float, float]:
+    """(bit/s, window start, window end) of cumulative bytes_acked samples; None if under two samples."""
+    first = next((i for i, t in enumerate(times_s) if t >= window_start_s), None)
+    if first is None:
+        return None, window_start_s, window_start_s
+    last = first
+    for i in range(first + 1, len(times_s)):
+        if acked[i] > acked[i - 1]:
+            last = i
+    span = times_s[last] - times_s[first]
+    if span <= 0:
+        return None, times_s[first], times_s[last]
+    return (acked[last] - acked[first]) * 8 / span, times_s[first], times_s[last]
+
+
+def jain(values: Sequence[float]) -> float | None:
+    """Jain's fairness index (Σx)²/(n·Σx²); None for fewer than two flows or all zero."""
+    if len(values) < 2:
+        return None
+    squares = sum(v * v for v in values)
+    if squares == 0:
+        return None
+    return sum(values) ** 2 / (len(values) * squares)
+
+
+def t975(df: int) -> float:
+    if df < 1:
+        raise ValueError("needs at least two samples")
+    return _T975[df - 1] if df <= len(_T975) else 1.96
+
+
+def mean_ci95(values: Sequence[float | None]) -> dict[str, float | int | None]:
+    """{"mean", "ci95" (half width, None for one value), "n", "stdev"} of the non-None values."""
+    xs = [v for v in values if v is not None]
+    if not xs:
+        return {"mean": None, "ci95": None, "n": 0, "stdev": None}
+    m = sum(xs) / len(xs)
+    if len(xs) < 2:
+        return {"mean": m, "ci95": None, "n": 1, "stdev": None}
+    s = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+    return {"mean": m, "ci95": t975(len(xs) - 1) * s / math.sqrt(len(xs)), "n": len(xs), "stdev": s}
+
+
+def retransmit_ratio(retransmits: int, bytes_sent: int, mss: int) -> float | None:
+    if bytes_sent <= 0 or mss <= 0:
+        return None
+    return retransmits / (bytes_sent / mss)
+
+
+def windowed_throughput(times_s: Sequence[float], acked: Sequence[int], window_s: float = 0.2) -> list[float | None]:
+    """bit/s at each sample over the preceding `window_s` (against the latest sample at or before t - window);
+    None until a full window has passed since the first sample."""
+    out: list[float | None] = []
+    j = 0
+    for i, t in enumerate(times_s):
+        while j + 1 < i and times_s[j + 1] <= t - window_s:
+            j += 1
+        if i == 0 or times_s[j] > t - window_s or t - times_s[j] <= 0:
+            out.append(None)
+            continue
+        out.append((acked[i] - acked[j]) * 8 / (t - times_s[j]))
+    return out
+
+
+# --- per flow and per run ---------------------------------------------------------------------------
+
+
+def empty_flow() -> dict:
+    return {"algorithm_kernel": None, "cookie": None, "sport": None, "dport": None, "samples": 0,
+            "goodput_bps": None, "window_s": None, "srtt_ms": summary([]), "retransmits": None,
+            "bytes_acked": None, "bytes_sent": None, "segments_sent": None, "retransmit_ratio": None,
+            "_srtt_samples": []}
+
+
+def flow_metrics(series, warmup_s: float, t0: float) -> dict:
+    """Metrics of one recorded flow (recorder.FlowSeries); times relative to the run start t0."""
+    samples = series.samples
+    times = [s.t for s in samples]
+    acked = [s.bytes_acked for s in samples]
+    rate, start, end = goodput(times, acked, times[0] + warmup_s)
+    srtts = [s.srtt_s * 1e3 for s in samples if start <= s.t <= end and s.srtt_s > 0]
+    last = samples[-1]
+    return {"algorithm_kernel": series.cc, "cookie": series.cookie, "sport": series.sport, "dport": series.dport,
+            "samples": len(samples), "goodput_bps": rate, "window_s": [round(start - t0, 4), round(end - t0, 4)],
+            "srtt_ms": summary(srtts), "retransmits": last.retransmits, "bytes_acked": last.bytes_acked,
+            "bytes_sent": last.bytes_sent, "segments_sent": last.bytes_sent / last.mss if last.mss else None,
+            "retransmit_ratio": retransmit_ratio(last.retransmits, last.bytes_sent, last.mss),
+            "_srtt_samples": srtts}
+
+
+def link_drop_ratio(link: dict | None) -> float | None:
+    """Drops at the emulated bottleneck of the data direction / packets offered to it."""
+    if not link or "up" not in link:
+        return None
+    up = link["up"]
+    drops = up.get("queue_drops", 0) + up.get("random_drops", 0)
+    offered = up.get("packets", 0) + drops
+    return drops / offered if offered else None
+
+
+def summarize(runs: list[dict], scenario) -> list[dict]:
+    """One row per (profile, algorithm set, algorithm): means and 95% CIs over the runs."""
+    groups: dict[tuple[str, str, str], list[tuple[dict, dict]]] = {}
+    for run in runs:
+        for alg, per in run["per_algorithm"].items():
+            groups.setdefault((run["profile"], run["algorithms"], alg), []).append((run, per))
+    rows = []
+    profile_order = list(scenario.profiles)
+    mix_order = ["+".join(m) for m in scenario.algorithms]
+    for (profile, mix, alg), items in sorted(groups.items(), key=lambda kv: (
+            profile_order.index(kv[0][0]) if kv[0][0] in profile_order else 99,
+            mix_order.index(kv[0][1]) if kv[0][1] in mix_order else 99, kv[0][2])):
+        def over(get, items=items) -> dict:
+            return mean_ci95([get(run, per) for run, per in items])
+
+        rows.append({
+            "profile": profile, "algorithms": mix, "algorithm": alg, "runs": len(items),
+            "goodput_bps": over(lambda r, p: p["goodput_bps"]),
+            "srtt_mean_ms": over(lambda r, p: p["srtt_ms"]["mean"]),
+            "srtt_median_ms": over(lambda r, p: p["srtt_ms"]["median"]),
+            "srtt_p95_ms": over(lambda r, p: p["srtt_ms"]["p95"]),
+            "ping_median_ms": over(lambda r, p: (r["ping"] or {}).get("rtt_ms", {}).get("median")),
+            "ping_p95_ms": over(lambda r, p: (r["ping"] or {}).get("rtt_ms", {}).get("p95")),
+            "retransmit_ratio": over(lambda r, p: p["retransmit_ratio"]),
+            "link_drop_ratio": over(lambda r, p: link_drop_ratio(r.get("link"))),
+            "jain": over(lambda r, p: r["jain"]),
+            "downloads": _download_summary([d for run, _ in items for d in run["downloads"]
+                                            if d["algorithm"] == alg]),
+            "algorithm_ok": all(p["algorithm_ok"] for _, p in items),
+        })
+    return rows
+
+
+def _download_summary(downloads: list[dict]) -> dict:
+    by_size: dict[str, dict] = {}
+    for size in sorted({d["size_bytes"] for d in downloads}):
+        ds = [d for d in downloads if d["size_bytes"] == size]
+        done = [d["completion_time_s"] for d in ds if d["complete"]]
+        by_size[str(size)] = {"total": len(ds), "complete": len(done), "completion_time_s": mean_ci95(done),
+                              "completion_time_median_s": percentile(done, 50)}
+    return {"total": len(downloads), "complete": sum(d["complete"] for d in downloads), "by_size": by_size}
+
+
+def per_algorithm(flows: list[dict], srtt_samples: dict[str, list[float]], mix: tuple[str, ...],
+                  downloads: list[dict] | None = None) -> dict:
+    """Per algorithm of one run: summed goodput of its bulk flows, RTT over the union of their srtt
+    samples, retransmit ratio over all their segments."""
+    out = {}
+    for alg in dict.fromkeys(mix):
+        mine = [f for f in flows if f["algorithm"] == alg]
+        goodputs = [f["goodput_bps"] for f in mine if f["goodput_bps"] is not None]
+        retrans = sum(f["retransmits"] or 0 for f in mine)
+        segments = sum(f["segments_sent"] or 0 for f in mine)
+        dls = [d for d in downloads or [] if d["algorithm"] == alg]
+        out[alg] = {
+            "flows": len(mine),
+            "goodput_bps": sum(goodputs) if goodputs else None,
+            "srtt_ms": summary(srtt_samples.get(alg, [])),
+            "retransmit_ratio": retrans / segments if segments else None,
+            "algorithm_ok": all(f.get("algorithm_ok", False) for f in mine)
+            and all(d["algorithm_kernel"] in (None, alg) for d in dls),
+        }
+    return out

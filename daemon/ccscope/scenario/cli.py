@@ -1,0 +1,134 @@
+"""`ccscope scenario ...`, `ccscope report DIR`, `ccscope cleanup`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ccscope.errors import UsageError
+
+DEFAULT_LISTEN = "127.0.0.1:9977"
+
+
+def register(sub) -> None:
+    sc = sub.add_parser("scenario", help="run a congestion-control experiment: list | run FILE | NAME",
+                        description="Run a scenario: every profile x algorithm x run on an emulated path, "
+                                    "then write results.json, per-flow CSVs and report.html.")
+    sc.add_argument("target", metavar="list|run|NAME|FILE", help="`list`, `run FILE.yaml`, or a built-in name")
+    sc.add_argument("file", nargs="?", help="scenario YAML (after `run`)")
+    sc.add_argument("--quick", action="store_true", help="the scenario's short variant (a first look in minutes)")
+    sc.add_argument("--runs", type=int, help="repetitions of every profile x algorithm (randomized order)")
+    sc.add_argument("--duration", help="bulk flow duration, whole seconds (e.g. 20s)")
+    sc.add_argument("--algorithms", help="comma-separated, replaces the scenario's list (e.g. cubic,bbr)")
+    sc.add_argument("--skip-unavailable", action="store_true",
+                    help="run without algorithms this kernel lacks instead of failing")
+    sc.add_argument("--out", help="output directory (default ./results/<scenario>-<timestamp>)")
+    sc.add_argument("--listen", help=f"live Prometheus endpoint HOST:PORT (default {DEFAULT_LISTEN}, "
+                                     "skipped with a note if busy); 'off' to disable")
+    sc.add_argument("--backend", choices=("auto", "netem", "userspace"), default="auto",
+                    help="link emulation backend (default auto: netem when the kernel has it)")
+    sc.add_argument("--no-verify", action="store_true", help="skip the RTT/rate check of each emulated path")
+    sc.set_defaults(func=cmd_scenario)
+
+    rp = sub.add_parser("report", help="re-render report.html and plots from a results directory")
+    rp.add_argument("directory", help="a directory written by `ccscope scenario`")
+    rp.set_defaults(func=cmd_report)
+
+    cl = sub.add_parser("cleanup", help="remove namespaces, qdiscs, rules and sysctls a killed run left behind")
+    cl.set_defaults(func=cmd_cleanup)
+
+
+def cmd_scenario(args: argparse.Namespace) -> int:
+    from . import spec
+
+    if args.target == "list":
+        if args.file:
+            raise UsageError("`ccscope scenario list` takes no file")
+        return _list()
+    if args.target == "run":
+        if not args.file:
+            raise UsageError("`ccscope scenario run` needs a scenario file: ccscope scenario run FILE.yaml")
+        path = Path(args.file)
+        if not path.is_file():
+            raise UsageError(f"{args.file}: no such scenario file")
+    else:
+        if args.file:
+            raise UsageError(f"unexpected {args.file!r} after {args.target!r} (did you mean `run FILE`?)")
+        path = spec.resolve(args.target)
+    if args.runs is not None and not 1 <= args.runs <= spec.MAX_RUNS:
+        raise UsageError(f"--runs {args.runs} is out of range 1..{spec.MAX_RUNS}")
+    scenario = spec.load(path, quick=args.quick, duration=args.duration, runs=args.runs, algorithms=args.algorithms)
+    return _run(scenario, args)
+
+
+def _run(scenario, args: argparse.Namespace) -> int:
+    from ccscope.units import parse_listen
+
+    from . import report, runner
+
+    listen = None if args.listen == "off" else (args.listen or DEFAULT_LISTEN)
+    if listen:
+        parse_listen(listen)  # bad --listen is a usage error before anything starts
+    options = runner.Options(out=Path(args.out) if args.out else None, listen=listen,
+                             listen_explicit=args.listen is not None, skip_unavailable=args.skip_unavailable,
+                             backend=args.backend, quick=args.quick, verify=not args.no_verify)
+    out, doc = runner.run(scenario, options)
+    html = report.render(out, doc)
+    print(report.summary_table(doc))
+    for warning in doc["warnings"]:
+        print(f"ccscope: warning: {warning}", file=sys.stderr)
+    for error in doc["errors"]:
+        print(f"ccscope: error in results: {error}", file=sys.stderr)
+    print(f"\nresults: {out}/results.json\nreport:  {html}")
+    return 1 if doc["errors"] else 0
+
+
+def _list() -> int:
+    from . import spec
+
+    builtins = spec.builtin_scenarios()
+    if not builtins:
+        print(f"no built-in scenarios found in {spec.builtin_dir()}", file=sys.stderr)
+        return 1
+    width = max(len(n) for n in builtins)
+    for name, path in builtins.items():
+        try:
+            s = spec.load(path)
+            profiles = ", ".join(s.profiles)
+            algs = ", ".join("+".join(m) for m in s.algorithms)
+            print(f"{name:<{width}}  profiles {profiles}; algorithms {algs}")
+        except UsageError as exc:  # a broken built-in is shown, not fatal to the listing
+            print(f"{name:<{width}}  (invalid: {exc.line()})")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from . import report, results
+
+    directory = Path(args.directory)
+    if not directory.is_dir():
+        raise UsageError(f"{args.directory}: no such results directory")
+    doc = results.load(directory)
+    html = report.render(directory, doc)
+    print(report.summary_table(doc))
+    print(f"\nreport: {html}")
+    return 0
+
+
+def cmd_cleanup(args: argparse.Namespace) -> int:
+    import os
+
+    from ccscope.errors import PrerequisiteError
+
+    if os.geteuid() != 0:
+        raise PrerequisiteError("cleanup needs root (it removes network namespaces and restores sysctls)",
+                                "run with sudo")
+    from ccscope.emulation import cleanup_all
+
+    removed = cleanup_all()
+    for item in removed:
+        print(f"removed {item}")
+    if not removed:
+        print("nothing to clean up")
+    return 0

@@ -1,0 +1,60 @@
+"""Progress of a scenario on stderr: a bar per run on a terminal, plain lines otherwise."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+
+class Progress:
+    WIDTH = 30
+
+    def __init__(self, total_runs: int, planned_s: float, stream=None) -> None:
+        self.total = total_runs
+        self.planned = planned_s
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self.position = 0
+        self.label = ""
+        self._last = 0.0
+        self._started = time.monotonic()
+
+    def note(self, text: str) -> None:
+        self._write(f"ccscope: {text}")
+
+    def start(self, position: int, label: str) -> None:
+        self.position, self.label = position, label
+        if not self.tty:
+            self._write(f"[{position}/{self.total}] {label}: running ({self.planned:.0f} s of traffic)")
+
+    def update(self, elapsed: float) -> None:
+        if not self.tty or time.monotonic() - self._last < 0.25:
+            return
+        self._last = time.monotonic()
+        filled = int(self.WIDTH * min(1.0, elapsed / self.planned)) if self.planned else self.WIDTH
+        bar = "#" * filled + "-" * (self.WIDTH - filled)
+        self.stream.write(f"\r[{self.position}/{self.total}] {self.label:<28} [{bar}] "
+                          f"{elapsed:5.1f}/{self.planned:.0f}s")
+        self.stream.flush()
+
+    def done(self, record: dict) -> None:
+        parts = []
+        for alg, per in record["per_algorithm"].items():
+            if per["goodput_bps"] is not None:
+                p95 = per["srtt_ms"]["p95"]
+                parts.append(f"{alg} {per['goodput_bps'] / 1e6:.2f} Mbit/s, srtt p95 "
+                             f"{p95:.1f} ms" if p95 is not None else f"{alg} {per['goodput_bps'] / 1e6:.2f} Mbit/s")
+        if record["downloads"]:
+            done = sum(d["complete"] for d in record["downloads"])
+            parts.append(f"downloads {done}/{len(record['downloads'])} complete")
+        if record["errors"]:
+            parts.append(f"{len(record['errors'])} error(s)")
+        text = f"[{self.position}/{self.total}] {self.label}: done in {record['duration_s']:.1f} s: " + "; ".join(parts)
+        if self.tty:
+            self.stream.write("\r\033[K")
+        self._write(text)
+
+    def _write(self, text: str) -> None:
+        if self.tty:
+            self.stream.write("\r\033[K")
+        print(text, file=self.stream, flush=True)

@@ -1,0 +1,347 @@
+"""report.html, PNG plots and the terminal summary, from results.json and the per-flow CSVs only
+(so `ccscope report DIR` can re-render any results directory)."""
+
+from __future__ import annotations
+
+import csv
+import html
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+COLORS = {"reno": "#1f77b4", "cubic": "#d62728", "bbr": "#2ca02c", "vegas": "#9467bd", "westwood": "#8c564b"}
+MARKERS = ("o", "s", "^", "D", "v", "P", "X")
+EXTRA = ("#ff7f0e", "#17becf", "#e377c2", "#7f7f7f", "#bcbd22")
+
+
+def color(alg: str) -> str:
+    if alg not in COLORS:
+        COLORS[alg] = EXTRA[len([a for a in COLORS if a not in ("reno", "cubic", "bbr", "vegas", "westwood")])
+                            % len(EXTRA)]
+    return COLORS[alg]
+
+
+def _read_csv(path: Path) -> list[dict]:
+    try:
+        with path.open() as fh:
+            return list(csv.DictReader(fh))
+    except OSError:
+        return []
+
+
+def _col(rows: list[dict], key: str) -> tuple[list[float], list[float]]:
+    xs, ys = [], []
+    for r in rows:
+        if r.get(key) not in (None, ""):
+            xs.append(float(r["time_s"]))
+            ys.append(float(r[key]))
+    return xs, ys
+
+
+# --- plots -----------------------------------------------------------------------------------------
+
+
+def _first_runs(doc: dict) -> list[dict]:
+    """The first repetition of each profile x algorithm set: the one plotted over time."""
+    seen, out = set(), []
+    for run in sorted(doc["runs"], key=lambda r: r["repetition"]):
+        key = (run["profile"], run["algorithms"])
+        if key not in seen:
+            seen.add(key)
+            out.append(run)
+    return out
+
+
+def _profiles(doc: dict) -> list[str]:
+    return [p for p in doc["profiles"] if any(r["profile"] == p for r in doc["runs"])]
+
+
+def plot_timeseries(directory: Path, doc: dict, column: str, ylabel: str, name: str, title: str,
+                    with_ping: bool = False) -> str | None:
+    profiles = _profiles(doc)
+    if not profiles:
+        return None
+    fig, axes = plt.subplots(len(profiles), 1, figsize=(10, 3.2 * len(profiles)), squeeze=False)
+    drew = False
+    for ax, profile in zip(axes[:, 0], profiles, strict=True):
+        labelled = set()
+        for run in _first_runs(doc):
+            if run["profile"] != profile:
+                continue
+            flows = [f for f in run["flows"] if f.get("csv")] or [d for d in run["downloads"] if d.get("csv")]
+            for i, flow in enumerate(flows):
+                xs, ys = _col(_read_csv(directory / flow["csv"]), column)
+                if not xs:
+                    continue
+                alg = flow["algorithm"]
+                label = f"{alg} ({run['algorithms']})" if "+" in run["algorithms"] else alg
+                ax.plot(xs, ys, color=color(alg), lw=1.1, alpha=0.9,
+                        ls="-" if i % 2 == 0 or "+" not in run["algorithms"] else "--",
+                        label=None if label in labelled else label)
+                labelled.add(label)
+                drew = True
+            if with_ping and run.get("ping") and run["ping"].get("csv"):
+                xs, ys = _col(_read_csv(directory / run["ping"]["csv"]), "rtt_ms")
+                ping_label = f"ping ({run['algorithms']})"
+                ax.scatter(xs, ys, s=6, color=color(run["algorithms"].split("+")[0]), alpha=0.35, marker=".",
+                           label=None if ping_label in labelled else ping_label)
+                labelled.add(ping_label)
+        ax.set_title(f"{profile}: {doc['profiles'][profile]['description'].split(': ', 1)[-1]}", fontsize=9,
+                     loc="left")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.set_ylim(bottom=0)
+        if labelled:
+            ax.legend(fontsize=8, loc="upper right", ncol=min(4, len(labelled)))
+    axes[-1, 0].set_xlabel("time since the run started (s)")
+    fig.suptitle(f"{doc['scenario']['name']}: {title} (first run of each)", fontsize=11)
+    fig.tight_layout()
+    return _save(fig, directory, name) if drew else _discard(fig)
+
+
+def plot_tradeoff(directory: Path, doc: dict) -> str | None:
+    rows = [r for r in doc["summary"] if r["goodput_bps"]["mean"] is not None and r["srtt_p95_ms"]["mean"] is not None]
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    profiles = _profiles(doc)
+    for row in rows:
+        marker = MARKERS[profiles.index(row["profile"]) % len(MARKERS)] if row["profile"] in profiles else "o"
+        x, y = row["srtt_p95_ms"]["mean"], row["goodput_bps"]["mean"] / 1e6
+        xerr = row["srtt_p95_ms"]["ci95"]
+        yerr = row["goodput_bps"]["ci95"] / 1e6 if row["goodput_bps"]["ci95"] is not None else None
+        ax.errorbar(x, y, xerr=xerr, yerr=yerr, fmt=marker, color=color(row["algorithm"]), ms=9, capsize=4,
+                    mec="black", mew=0.6)
+        tag = row["algorithm"] if "+" not in row["algorithms"] else f"{row['algorithm']} in {row['algorithms']}"
+        ax.annotate(f"{tag}\n{row['profile']}", (x, y), textcoords="offset points", xytext=(8, 4), fontsize=8)
+    ax.set_xscale("log")
+    ax.invert_xaxis()
+    ax.set_xlabel("p95 of kernel srtt (ms, log scale, inverted: lower is better)")
+    ax.set_ylabel("goodput (Mbit/s)")
+    ax.grid(alpha=0.3, which="both")
+    runs = doc["runs_per_unit"]
+    ax.set_title(f"{doc['scenario']['name']}: throughput vs delay (best is top-right); "
+                 f"{'mean ± 95% CI over ' + str(runs) + ' runs' if runs > 1 else '1 run, no interval'}", fontsize=10)
+    handles = [plt.Line2D([], [], marker=MARKERS[i % len(MARKERS)], ls="", color="gray", label=p)
+               for i, p in enumerate(profiles)]
+    ax.legend(handles=handles, title="profile", fontsize=8, loc="lower left")
+    fig.tight_layout()
+    return _save(fig, directory, "tradeoff.png")
+
+
+def plot_loss(directory: Path, doc: dict) -> str | None:
+    rows = [r for r in doc["summary"] if r["retransmit_ratio"]["mean"] is not None
+            or r["link_drop_ratio"]["mean"] is not None]
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(rows) + 2), 4.5))
+    labels = [f"{r['profile']}\n{r['algorithm']}" + (f"\n({r['algorithms']})" if "+" in r["algorithms"] else "")
+              for r in rows]
+    xs = range(len(rows))
+    retrans = [100 * (r["retransmit_ratio"]["mean"] or 0) for r in rows]
+    drops = [100 * (r["link_drop_ratio"]["mean"] or 0) for r in rows]
+    ax.bar([x - 0.2 for x in xs], retrans, width=0.4, color=[color(r["algorithm"]) for r in rows],
+           edgecolor="black", label="retransmitted segments (sender)")
+    ax.bar([x + 0.2 for x in xs], drops, width=0.4, color="lightgray", edgecolor="black", hatch="//",
+           label="dropped at the emulated bottleneck (queue + random)")
+    for x, a, b in zip(xs, retrans, drops, strict=True):
+        ax.text(x - 0.2, a, f"{a:.2f}", ha="center", va="bottom", fontsize=7)
+        ax.text(x + 0.2, b, f"{b:.2f}", ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(list(xs), labels, fontsize=8)
+    ax.set_ylabel("% of packets")
+    ax.set_title(f"{doc['scenario']['name']}: loss", fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    return _save(fig, directory, "loss.png")
+
+
+def plot_downloads(directory: Path, doc: dict) -> str | None:
+    if not any(r["downloads"] for r in doc["runs"]):
+        return None
+    profiles = [p for p in _profiles(doc) if any(r["downloads"] for r in doc["runs"] if r["profile"] == p)]
+    fig, axes = plt.subplots(1, len(profiles), figsize=(4.5 * len(profiles) + 1, 4.2), squeeze=False, sharey=True)
+    for ax, profile in zip(axes[0], profiles, strict=True):
+        for alg in sorted({d["algorithm"] for r in doc["runs"] if r["profile"] == profile for d in r["downloads"]}):
+            ds = [d for r in doc["runs"] if r["profile"] == profile for d in r["downloads"] if d["algorithm"] == alg]
+            done = [(d["size_bytes"], d["completion_time_s"]) for d in ds if d["complete"]]
+            failed = [d["size_bytes"] for d in ds if not d["complete"]]
+            if done:
+                ax.scatter([s for s, _ in done], [t for _, t in done], color=color(alg), label=alg, s=22, alpha=0.7)
+            if failed:
+                limit = doc["scenario"]["definition"].get("traffic", {}).get("downloads", {}).get("timeout")
+                ys = [_timeout_s(limit) for _ in failed]
+                ax.scatter(failed, ys, color=color(alg), marker="x", s=60,
+                           label=f"{alg}: incomplete at the time limit")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_title(profile, fontsize=9)
+        ax.set_xlabel("transfer size (bytes)")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+    axes[0, 0].set_ylabel("completion time (s)")
+    fig.suptitle(f"{doc['scenario']['name']}: download completion times", fontsize=10)
+    fig.tight_layout()
+    return _save(fig, directory, "downloads.png")
+
+
+def _timeout_s(raw) -> float:
+    from .spec import _seconds
+
+    try:
+        return _seconds(raw, "timeout", 0, 1e9)
+    except Exception:
+        return 1.0
+
+
+def _save(fig, directory: Path, name: str) -> str:
+    (directory / "plots").mkdir(exist_ok=True)
+    fig.savefig(directory / "plots" / name, dpi=110)
+    plt.close(fig)
+    return f"plots/{name}"
+
+
+def _discard(fig) -> None:
+    plt.close(fig)
+    return None
+
+
+# --- tables ----------------------------------------------------------------------------------------
+
+
+def _ci(value: dict, scale: float = 1.0, digits: int = 2, pct: bool = False) -> str:
+    if value["mean"] is None:
+        return "-"
+    m = value["mean"] * (100 if pct else scale)
+    text = f"{m:.{digits}f}"
+    if value["ci95"] is not None:
+        text += f"±{value['ci95'] * (100 if pct else scale):.{digits}f}"
+    return text
+
+
+def _downloads_cell(row: dict) -> str:
+    d = row["downloads"]
+    if not d["total"]:
+        return "-"
+    parts = []
+    for size, s in d["by_size"].items():
+        t = s["completion_time_median_s"]
+        parts.append(f"{_size(int(size))}:{s['complete']}/{s['total']}" + (f" {t:.2f}s" if t is not None else ""))
+    return " ".join(parts)
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:g}{unit}"
+    return f"{n}B"
+
+
+COLUMNS = (("profile", lambda r: r["profile"]),
+           ("algorithm", lambda r: r["algorithm"] + (f" ({r['algorithms']})" if "+" in r["algorithms"] else "")),
+           ("runs", lambda r: str(r["runs"])),
+           ("goodput Mbit/s", lambda r: _ci(r["goodput_bps"], 1e-6)),
+           ("srtt mean ms", lambda r: _ci(r["srtt_mean_ms"], digits=1)),
+           ("srtt p50 ms", lambda r: _ci(r["srtt_median_ms"], digits=1)),
+           ("srtt p95 ms", lambda r: _ci(r["srtt_p95_ms"], digits=1)),
+           ("ping p95 ms", lambda r: _ci(r["ping_p95_ms"], digits=1)),
+           ("retrans %", lambda r: _ci(r["retransmit_ratio"], pct=True)),
+           ("link drop %", lambda r: _ci(r["link_drop_ratio"], pct=True)),
+           ("jain", lambda r: _ci(r["jain"], digits=3)),
+           ("downloads done/total median", _downloads_cell),
+           ("cc ok", lambda r: "yes" if r["algorithm_ok"] else "NO"))
+
+
+def summary_table(doc: dict) -> str:
+    rows = doc["summary"]
+    used = [c for c in COLUMNS if any(c[1](r) != "-" for r in rows) or c[0] in ("profile", "algorithm")]
+    cells = [[c[0] for c in used]] + [[c[1](r) for c in used] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(used))]
+    lines = ["  ".join(v.ljust(w) if i < 2 else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths, strict=True)))
+             for row in cells]
+    note = "± is the 95% confidence interval over runs" if doc["runs_per_unit"] > 1 else "1 run per cell: no interval"
+    return f"\n{doc['scenario']['name']} ({note})\n" + "\n".join(lines)
+
+
+# --- html ------------------------------------------------------------------------------------------
+
+_CSS = """body{font-family:system-ui,sans-serif;max-width:1150px;margin:2em auto;color:#222}
+table{border-collapse:collapse;font-size:13px;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 7px}
+th{background:#f3f3f3}td.n{text-align:right;font-variant-numeric:tabular-nums}img{max-width:100%}
+.err{color:#b00}code{background:#f3f3f3;padding:1px 3px}"""
+
+
+def _table(header: list[str], rows: list[list[str]], numeric_from: int = 2) -> str:
+    h = "".join(f"<th>{html.escape(c)}</th>" for c in header)
+    body = "".join("<tr>" + "".join(f"<td{' class=n' if i >= numeric_from else ''}>{html.escape(str(v))}</td>"
+                                    for i, v in enumerate(r)) + "</tr>" for r in rows)
+    return f"<table><tr>{h}</tr>{body}</table>"
+
+
+def render(directory: Path, doc: dict) -> Path:
+    plots = [p for p in (
+        plot_timeseries(directory, doc, "cwnd_segments", "cwnd (segments)", "cwnd.png", "congestion window"),
+        plot_timeseries(directory, doc, "throughput_mbps", "throughput (Mbit/s, 200 ms window)", "throughput.png",
+                        "throughput"),
+        plot_timeseries(directory, doc, "srtt_ms", "RTT (ms): srtt lines, ping dots", "rtt.png", "RTT",
+                        with_ping=True),
+        plot_tradeoff(directory, doc), plot_loss(directory, doc), plot_downloads(directory, doc)) if p]
+    env = doc["environment"]
+    parts = [f"<!doctype html><meta charset=utf-8><title>ccscope: {html.escape(doc['scenario']['name'])}</title>",
+             f"<style>{_CSS}</style>", f"<h1>{html.escape(doc['scenario']['name'])}</h1>",
+             f"<p>{html.escape(doc['scenario']['description'])}</p>",
+             f"<p>{len(doc['runs'])} runs, {doc['runs_per_unit']} per profile × algorithm"
+             f"{' (quick)' if doc['quick'] else ''}; bulk flows {doc['scenario']['duration_s']:g} s with the first "
+             f"{doc['scenario']['warmup_s']:g} s trimmed; started {html.escape(doc['started_at'])}.</p>"]
+    if doc["errors"]:
+        parts.append("<h2 class=err>Errors</h2><ul class=err>" +
+                     "".join(f"<li>{html.escape(e)}</li>" for e in doc["errors"]) + "</ul>")
+    if doc.get("warnings"):
+        parts.append("<h2>Warnings</h2><ul>" + "".join(f"<li>{html.escape(w)}</li>" for w in doc["warnings"]) + "</ul>")
+    if doc["skipped_algorithms"]:
+        skipped = html.escape(", ".join(doc["skipped_algorithms"]))
+        parts.append(f"<p>Not available in this kernel, skipped: {skipped}</p>")
+    used = [c for c in COLUMNS if any(c[1](r) != "-" for r in doc["summary"]) or c[0] in ("profile", "algorithm")]
+    parts.append("<h2>Summary</h2>" + _table([c[0] for c in used], [[c[1](r) for c in used] for r in doc["summary"]]))
+    parts.append("<p>Goodput: bytes acknowledged over each flow's active window after the warm-up. srtt: the "
+                 "kernel's smoothed RTT sampled by ccscope's BPF probe. ± is the 95% confidence interval (Student t) "
+                 "over runs. Definitions: docs/scenarios.md.</p>")
+    parts.append("<h2>Plots</h2>" + "".join(f"<p><img src='{p}' alt='{p}'></p>" for p in plots))
+    parts.append("<h2>Profiles</h2>" + _table(["profile", "path", "base RTT ms", "BDP bytes"], [
+        [n, p["description"], f"{p['base_rtt_s'] * 1e3:g}", f"{p['bdp_bytes']:.0f}"]
+        for n, p in doc["profiles"].items()],
+        numeric_from=2))
+    if doc["emulation_checks"]:
+        parts.append("<h3>Emulation check (unloaded ping RTT, UDP rate probe)</h3>" + _table(
+            ["profile", "ok", "result"], [[n, "yes" if c["ok"] else "NO", c["message"]]
+                                          for n, c in doc["emulation_checks"].items()], numeric_from=9))
+    parts.append("<h2>Runs</h2>" + _table(
+        ["#", "run", "backend", "s", "flows: algorithm requested / kernel / iperf3, goodput Mbit/s", "errors"],
+        [[r["position"], r["label"], r["backend"], f"{r['duration_s']:.1f}",
+          "; ".join(f"{f['id']} {f['algorithm']}/{f['algorithm_kernel']}/{f['algorithm_iperf3']} "
+                    f"{(f['goodput_bps'] or 0) / 1e6:.2f}" for f in r["flows"]) or "-",
+          "; ".join(r["errors"]) or "-"] for r in doc["runs"]], numeric_from=9))
+    downloads = [[r["label"], d["id"], _size(d["size_bytes"]), "yes" if d["complete"] else "NO (incomplete)",
+                  "-" if d["completion_time_s"] is None else f"{d['completion_time_s']:.3f}", d["received_bytes"],
+                  d.get("error") or ""] for r in doc["runs"] for d in r["downloads"]]
+    if downloads:
+        parts.append("<h2>Downloads</h2>" + _table(["run", "id", "size", "complete", "time s", "bytes received",
+                                                    "note"], downloads, numeric_from=9))
+    env_rows = [[k, v if not isinstance(v, dict | list) else ", ".join(
+        f"{a}={b}" for a, b in v.items()) if isinstance(v, dict) else ", ".join(map(str, v))]
+        for k, v in env.items() if k not in ("sysctls", "offloads")]
+    env_rows += [[k, v] for k, v in env.get("sysctls", {}).items()]
+    env_rows += [[f"offloads {k}", ", ".join(f"{a} {b}" for a, b in v.items()) if isinstance(v, dict) else v]
+                 for k, v in env.get("offloads", {}).items()]
+    backends = sorted({r["backend"] for r in doc["runs"]})
+    env_rows.insert(0, ["emulation backend", ", ".join(backends)])
+    parts.append("<h2>Environment</h2>" + _table(["what", "value"], env_rows, numeric_from=9))
+    parts.append("<p>Data: <code>results.json</code> (schema version "
+                 f"{doc['schema_version']}) and per-flow CSVs in <code>flows/</code>. "
+                 "Re-render with <code>ccscope report DIR</code>.</p>")
+    path = directory / "report.html"
+    path.write_text("\n".join(parts) + "\n")
+    return path

@@ -1,0 +1,395 @@
+"""Scenario files: YAML schema, validation, built-in lookup.
+
+Every error is one UsageError line naming the file and the dotted path of the field, e.g.
+`wired.yaml: profiles.wireless.loss: 150% is not a loss fraction between 0 and 100%`.
+Validation happens completely before anything is created (namespaces, output directory).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import re
+from dataclasses import dataclass, field, replace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ccscope.emulation.profile import PathProfile, parse_duration
+from ccscope.errors import UsageError
+
+TOP_KEYS = ("name", "description", "algorithms", "optional_algorithms", "duration", "warmup", "runs", "seed",
+            "sample_interval", "profiles", "traffic", "quick")
+TRAFFIC_KEYS = ("bulk", "ping", "downloads")
+BULK_KEYS = ("flows", "stagger")
+PING_KEYS = ("interval",)
+DOWNLOAD_KEYS = ("sizes", "every", "start", "timeout")
+MAX_DURATION_S = 3600.0
+MAX_RUNS = 100
+MAX_FLOWS = 16
+MAX_DOWNLOAD_BYTES = 1 << 30
+_ALG = re.compile(r"^[a-z][a-z0-9_]{0,14}$")  # TCP_CA_NAME_MAX is 16 with the NUL
+_SIZE = re.compile(r"^([0-9]*\.?[0-9]+)\s*([a-z]*)$")
+_SIZE_UNITS = {"": 1, "b": 1, "byte": 1, "bytes": 1, "kb": 1000, "k": 1000, "kib": 1024,
+               "mb": 1000**2, "m": 1000**2, "mib": 1024**2, "gb": 1000**3, "gib": 1024**3}
+
+
+@dataclass(frozen=True)
+class Downloads:
+    """Short transfers from the sender side to the receiver, each with a time limit.
+
+    With `every`, one starts every `every` seconds from `start` until the bulk flows end, cycling
+    through `sizes`; without it, each size runs once, one after another (the run lasts until they finish).
+    """
+
+    sizes: tuple[int, ...]
+    timeout_s: float
+    every_s: float | None = None
+    start_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Traffic:
+    flows: int = 1  # bulk iperf3 flows per run (0: none)
+    stagger_s: float = 0.0  # start of flow i is i * stagger
+    ping_interval_s: float | None = None
+    downloads: Downloads | None = None
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    source: str  # file the scenario came from
+    profiles: dict[str, PathProfile]
+    algorithms: tuple[tuple[str, ...], ...]  # each entry one unit; several names compete in one run
+    optional_algorithms: frozenset[str]
+    duration_s: float
+    warmup_s: float
+    runs: int
+    seed: int
+    sample_interval_s: float
+    traffic: Traffic
+    raw: dict = field(default_factory=dict, compare=False)  # the merged YAML, recorded in results
+
+    @property
+    def all_algorithms(self) -> list[str]:
+        return sorted({a for mix in self.algorithms for a in mix})
+
+    def without(self, unavailable: set[str]) -> Scenario:
+        kept = tuple(mix for mix in self.algorithms if not set(mix) & unavailable)
+        return replace(self, algorithms=kept)
+
+
+def mix_label(mix: tuple[str, ...]) -> str:
+    return "+".join(mix)
+
+
+# --- locating scenario files ------------------------------------------------------------------------
+
+
+def builtin_dir() -> Path:
+    """scenarios/ of the repo checkout (editable install) first, then the copy shipped as package data."""
+    checkout = Path(__file__).resolve().parents[3] / "scenarios"
+    if checkout.is_dir():
+        return checkout
+    return Path(str(resources.files("ccscope") / "scenarios"))
+
+
+def builtin_scenarios() -> dict[str, Path]:
+    folder = builtin_dir()
+    return {p.stem: p for p in sorted(folder.glob("*.yaml"))} if folder.is_dir() else {}
+
+
+def resolve(name_or_path: str) -> Path:
+    builtins = builtin_scenarios()
+    if name_or_path in builtins:
+        return builtins[name_or_path]
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        if not path.is_file():
+            raise UsageError(f"{name_or_path}: no such scenario file")
+        return path
+    known = ", ".join(builtins) or "none installed"
+    raise UsageError(f"{name_or_path!r} is neither a built-in scenario ({known}) nor a YAML file")
+
+
+# --- loading ----------------------------------------------------------------------------------------
+
+
+def load(path: Path, *, quick: bool = False, duration: str | None = None, runs: int | None = None,
+         algorithms: str | None = None) -> Scenario:
+    """Read, merge the `quick:` overlay and command-line overrides, validate."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read: {exc.strerror}") from None
+    data = parse_yaml(text, path.name)
+    return from_dict(data, path.name, source=str(path), quick=quick, duration=duration, runs=runs,
+                     algorithms=algorithms)
+
+
+def parse_yaml(text: str, where: str) -> dict:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        line = f"line {mark.line + 1}: " if mark is not None else ""
+        raise UsageError(f"{where}: {line}not valid YAML: {problem}") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{where}: expected a mapping of {', '.join(TOP_KEYS[:4])}, ... at the top, "
+                         f"got {type(data).__name__}")
+    return data
+
+
+def from_dict(data: dict, where: str, *, source: str = "", quick: bool = False, duration: str | None = None,
+              runs: int | None = None, algorithms: str | None = None) -> Scenario:
+    _known(data, TOP_KEYS, where, "")
+    data = copy.deepcopy(data)
+    overlay = data.pop("quick", None)
+    if overlay is not None and not isinstance(overlay, dict):
+        raise UsageError(f"{where}: quick: expected a mapping of overrides, got {overlay!r}")
+    if quick and overlay:
+        _known(overlay, tuple(k for k in TOP_KEYS if k not in ("quick", "name")), where, "quick")
+        data = _merge_quick(data, overlay, where)
+    if duration is not None:
+        data["duration"] = duration
+    if runs is not None:
+        data["runs"] = runs
+    if algorithms is not None:
+        names = [a.strip() for a in algorithms.split(",") if a.strip()]
+        if not names:
+            raise UsageError("--algorithms: give a comma-separated list such as reno,cubic,bbr")
+        data["algorithms"] = names
+        data["optional_algorithms"] = []
+    return _build(data, where, source)
+
+
+def _merge_quick(data: dict, overlay: dict, where: str) -> dict:
+    for key, value in overlay.items():
+        if key == "profiles" and isinstance(value, list):  # a subset of the profiles, by name
+            profiles = data.get("profiles") or {}
+            for name in value:
+                if name not in profiles:
+                    raise UsageError(f"{where}: quick.profiles: {name!r} is not one of the profiles "
+                                     f"({', '.join(profiles)})")
+            data["profiles"] = {name: profiles[name] for name in value}
+        elif isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = _deep_merge(data[key], value)
+        else:
+            data[key] = value
+    return data
+
+
+def _deep_merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _deep_merge(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) \
+            else value
+    return out
+
+
+def _known(data: dict, keys: tuple[str, ...], where: str, path: str) -> None:
+    for key in data:
+        if key not in keys:
+            at = f"{path}.{key}" if path else str(key)
+            raise UsageError(f"{where}: {at}: unknown key (known: {', '.join(keys)})")
+
+
+def _build(data: dict, where: str, source: str) -> Scenario:
+    name = data.get("name", Path(source).stem if source else "scenario")
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", name):
+        raise UsageError(f"{where}: name: {name!r} must be letters, digits, '-', '_' or '.' (at most 64)")
+    description = data.get("description", "")
+    if not isinstance(description, str):
+        raise UsageError(f"{where}: description: expected text, got {description!r}")
+    algorithms = _algorithms(data.get("algorithms"), where)
+    optional = data.get("optional_algorithms", []) or []
+    if not isinstance(optional, list) or not all(isinstance(a, str) for a in optional):
+        raise UsageError(f"{where}: optional_algorithms: expected a list of algorithm names, got {optional!r}")
+    for alg in optional:
+        _check_alg(alg, f"{where}: optional_algorithms")
+    mixes = list(algorithms) + [(a,) for a in optional if (a,) not in algorithms]
+    traffic = _traffic(data.get("traffic"), where)
+    needs_duration = traffic.flows > 0 or (traffic.downloads is not None and traffic.downloads.every_s is not None)
+    if "duration" in data:
+        duration = _seconds(data["duration"], f"{where}: duration", 1.0, MAX_DURATION_S)
+    elif needs_duration:
+        raise UsageError(f"{where}: duration: missing (how long the bulk flows run, e.g. 20s)")
+    else:
+        duration = 0.0
+    warmup = _seconds(data.get("warmup", 0), f"{where}: warmup", 0.0, MAX_DURATION_S)
+    if traffic.flows > 0:
+        for key, value in (("duration", duration), ("warmup", warmup)):
+            if value != int(value):
+                raise UsageError(f"{where}: {key}: {data[key]!r} must be whole seconds (iperf3 -t/-O take seconds)")
+    if needs_duration and warmup >= duration:
+        raise UsageError(f"{where}: warmup: {data.get('warmup')!r} must be shorter than the duration "
+                         f"{data.get('duration')!r}")
+    if traffic.stagger_s * max(0, traffic.flows - 1) >= max(duration, 1e-9) and traffic.flows > 1:
+        raise UsageError(f"{where}: traffic.bulk.stagger: the last flow would start after the duration")
+    runs = _int(data.get("runs", 1), f"{where}: runs", 1, MAX_RUNS)
+    seed = _int(data.get("seed", 1), f"{where}: seed", 0, 2**32 - 1)
+    interval = _seconds(data.get("sample_interval", "10ms"), f"{where}: sample_interval", 0.001, 1.0)
+    profiles = _profiles(data.get("profiles"), where)
+    return Scenario(name=name, description=description.strip(), source=source, profiles=profiles,
+                    algorithms=tuple(mixes), optional_algorithms=frozenset(optional), duration_s=duration,
+                    warmup_s=warmup, runs=runs, seed=seed, sample_interval_s=interval, traffic=traffic, raw=data)
+
+
+def _check_alg(alg: Any, where: str) -> str:
+    if not isinstance(alg, str) or not _ALG.match(alg):
+        raise UsageError(f"{where}: {alg!r} is not a congestion control name (like cubic, bbr, reno)")
+    return alg
+
+
+def _algorithms(raw: Any, where: str) -> list[tuple[str, ...]]:
+    if raw is None:
+        raise UsageError(f"{where}: algorithms: missing (for example [reno, cubic, bbr])")
+    if not isinstance(raw, list) or not raw:
+        raise UsageError(f"{where}: algorithms: expected a non-empty list such as [reno, cubic, bbr], got {raw!r}")
+    mixes = []
+    for i, entry in enumerate(raw):
+        at = f"{where}: algorithms[{i}]"
+        if isinstance(entry, list):  # several algorithms competing in one run
+            if not 2 <= len(entry) <= MAX_FLOWS:
+                raise UsageError(f"{at}: a competing set needs 2 to {MAX_FLOWS} algorithms, got {entry!r}")
+            mix = tuple(_check_alg(a, at) for a in entry)
+        else:
+            mix = (_check_alg(entry, at),)
+        if mix in mixes:
+            raise UsageError(f"{at}: {mix_label(mix)} is listed twice")
+        mixes.append(mix)
+    return mixes
+
+
+def _profiles(raw: Any, where: str) -> dict[str, PathProfile]:
+    if not isinstance(raw, dict) or not raw:
+        raise UsageError(f"{where}: profiles: expected a mapping of profile names to links "
+                         f"(e.g. wired: {{rate: 100mbit, delay: 5ms}}), got {raw!r}")
+    profiles = {}
+    for name, body in raw.items():
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,31}", name):
+            raise UsageError(f"{where}: profiles: {name!r} is not a profile name (letters, digits, - _ .)")
+        profiles[name] = PathProfile.from_dict(name, body, f"{where}: profiles.{name}")
+        if profiles[name].up.effective_rate_bps() is None:
+            raise UsageError(f"{where}: profiles.{name}.rate: missing (a scenario needs a bottleneck rate)")
+    return profiles
+
+
+def _traffic(raw: Any, where: str) -> Traffic:
+    if raw is None:
+        return Traffic()
+    if not isinstance(raw, dict):
+        raise UsageError(f"{where}: traffic: expected a mapping of bulk, ping, downloads, got {raw!r}")
+    _known(raw, TRAFFIC_KEYS, where, "traffic")
+    flows, stagger = 1, 0.0
+    bulk = raw.get("bulk", {})
+    if bulk is False:
+        flows = 0
+    elif bulk is not None:
+        if not isinstance(bulk, dict):
+            raise UsageError(f"{where}: traffic.bulk: expected a mapping of flows, stagger (or false), got {bulk!r}")
+        _known(bulk, BULK_KEYS, where, "traffic.bulk")
+        flows = _int(bulk.get("flows", 1), f"{where}: traffic.bulk.flows", 0, MAX_FLOWS)
+        stagger = _seconds(bulk.get("stagger", 0), f"{where}: traffic.bulk.stagger", 0.0, MAX_DURATION_S)
+    ping = raw.get("ping")
+    interval = None
+    if ping is True:
+        interval = 0.1
+    elif ping not in (None, False):
+        if not isinstance(ping, dict):
+            raise UsageError(f"{where}: traffic.ping: expected a mapping with interval (or true/false), got {ping!r}")
+        _known(ping, PING_KEYS, where, "traffic.ping")
+        interval = _seconds(ping.get("interval", "100ms"), f"{where}: traffic.ping.interval", 0.01, 10.0)
+    downloads = _downloads(raw.get("downloads"), where)
+    if flows == 0 and downloads is None:
+        raise UsageError(f"{where}: traffic: no traffic (give bulk flows or downloads)")
+    return Traffic(flows=flows, stagger_s=stagger, ping_interval_s=interval, downloads=downloads)
+
+
+def _downloads(raw: Any, where: str) -> Downloads | None:
+    if raw in (None, False):
+        return None
+    at = f"{where}: traffic.downloads"
+    if not isinstance(raw, dict):
+        raise UsageError(f"{at}: expected a mapping of sizes, every, start, timeout, got {raw!r}")
+    _known(raw, DOWNLOAD_KEYS, where, "traffic.downloads")
+    sizes = raw.get("sizes")
+    if isinstance(sizes, str | int):
+        sizes = [sizes]
+    if not isinstance(sizes, list) or not sizes:
+        raise UsageError(f"{at}.sizes: expected a list of sizes such as [10KB, 1MB], got {sizes!r}")
+    parsed = tuple(parse_size(s, f"{at}.sizes[{i}]") for i, s in enumerate(sizes))
+    if "timeout" not in raw:
+        raise UsageError(f"{at}.timeout: missing (every transfer needs a time limit, e.g. 30s)")
+    timeout = _seconds(raw["timeout"], f"{at}.timeout", 0.1, MAX_DURATION_S)
+    every = _seconds(raw["every"], f"{at}.every", 0.1, MAX_DURATION_S) if raw.get("every") is not None else None
+    start = _seconds(raw.get("start", 0), f"{at}.start", 0.0, MAX_DURATION_S)
+    return Downloads(sizes=parsed, timeout_s=timeout, every_s=every, start_s=start)
+
+
+def parse_size(raw: Any, where: str) -> int:
+    """'1KB' (1000), '64KiB', '1MB', 1500 (bytes) -> bytes."""
+    if isinstance(raw, bool):
+        raise UsageError(f"{where}: {raw!r} is not a size (examples: 1KB, 100KB, 1MB)")
+    if isinstance(raw, int | float):
+        value = float(raw)
+    elif isinstance(raw, str):
+        m = _SIZE.fullmatch(raw.strip().lower())
+        if not m or m.group(2) not in _SIZE_UNITS:
+            raise UsageError(f"{where}: {raw!r} is not a size (examples: 1KB, 100KB, 1MB)")
+        value = float(m.group(1)) * _SIZE_UNITS[m.group(2)]
+    else:
+        raise UsageError(f"{where}: expected a size such as 100KB, got {raw!r}")
+    if not math.isfinite(value) or value < 1 or value != int(value):
+        raise UsageError(f"{where}: {raw!r} is not a positive whole number of bytes")
+    if value > MAX_DOWNLOAD_BYTES:
+        raise UsageError(f"{where}: {raw!r} is more than 1 GiB, too large for a short download")
+    return int(value)
+
+
+def _seconds(raw: Any, where: str, low: float, high: float) -> float:
+    # profile.parse_duration caps at its own 10 s emulation limit; read the number ourselves first
+    if isinstance(raw, str) and raw.strip().lower().endswith(("m", "min")) and not raw.strip().lower().endswith("ms"):
+        m = re.fullmatch(r"([0-9]*\.?[0-9]+)\s*(m|min)", raw.strip().lower())
+        if not m:
+            raise UsageError(f"{where}: {raw!r} is not a duration (examples: 100ms, 20s, 2min)")
+        value = float(m.group(1)) * 60
+    else:
+        value = _plain_seconds(raw, where)
+    if not low <= value <= high:
+        raise UsageError(f"{where}: {raw!r} is out of range ({_fmt(low)} to {_fmt(high)})")
+    return value
+
+
+def _plain_seconds(raw: Any, where: str) -> float:
+    if isinstance(raw, int | float) and not isinstance(raw, bool):
+        value = float(raw)
+        if not math.isfinite(value):
+            raise UsageError(f"{where}: {raw!r} is not a finite number")
+        if value < 0:
+            raise UsageError(f"{where}: {raw!r} is negative")
+        return value
+    if isinstance(raw, str):
+        m = re.fullmatch(r"(-?[0-9]*\.?[0-9]+)\s*([a-zµ]*)", raw.strip().lower())
+        if m and m.group(2) in ("s", "sec", "ms", "us", "µs", "ns", "") and float(m.group(1)) >= 0:
+            return float(m.group(1)) * {"s": 1, "sec": 1, "": 1, "ms": 1e-3, "us": 1e-6, "µs": 1e-6,
+                                        "ns": 1e-9}[m.group(2)]
+        return parse_duration(raw, where)  # its messages name negative values and bad units
+    raise UsageError(f"{where}: expected a duration such as 10s, got {type(raw).__name__} {raw!r}")
+
+
+def _int(raw: Any, where: str, low: int, high: int) -> int:
+    if isinstance(raw, bool) or not isinstance(raw, int):
+        raise UsageError(f"{where}: expected a whole number, got {raw!r}")
+    if not low <= raw <= high:
+        raise UsageError(f"{where}: {raw} is out of range {low}..{high}")
+    return raw
+
+
+def _fmt(seconds: float) -> str:
+    return f"{seconds * 1e3:g}ms" if seconds < 1 else f"{seconds:g}s"
