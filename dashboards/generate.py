@@ -1,0 +1,387 @@
+#!/usr/bin/env python3
+"""Generates the Grafana dashboards (Grafana 11, schemaVersion 39) from code.
+
+The committed JSON next to this file is what Grafana provisions; edit this file, then run
+`python3 dashboards/generate.py` to rewrite it (`--check` fails when the JSON is out of date; the tests
+run that). Standard library only, so it runs anywhere the tests run: no generator SDK to pin.
+
+Conventions every panel follows (tests/test_dashboards.py checks them):
+- the datasource is the `${datasource}` variable, on the panel and on each query;
+- every query carries `job=~"$job",instance=~"$instance"`; rates use `$__rate_interval`;
+- a unit and a description are set; uids are fixed, so links and provisioning stay stable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+DS = {"type": "prometheus", "uid": "${datasource}"}
+TARGET = 'job=~"$job",instance=~"$instance"'
+FLOW_SEL = TARGET + ',netns=~"$netns",cc=~"$cc",flow=~"$flow"'
+RUN_SEL = TARGET + ',scenario=~"$scenario",run=~"$run"'
+CA_STATES = ("open", "disorder", "cwr", "recovery", "loss")
+
+
+# --- building blocks ---------------------------------------------------------------------------------
+
+
+def target(expr: str, legend: str = "", ref: str = "A", instant: bool = False) -> dict:
+    return {"datasource": DS, "refId": ref, "expr": expr, "legendFormat": legend or "__auto",
+            "range": not instant, "instant": instant, "editorMode": "code"}
+
+
+class Layout:
+    """Places panels left to right on Grafana's 24-column grid and hands out panel ids."""
+
+    def __init__(self) -> None:
+        self.panels: list[dict] = []
+        self.x = self.y = self.row_h = 0
+
+    def row(self, title: str) -> None:
+        self._newline()
+        self.panels.append({"type": "row", "title": title, "collapsed": False, "panels": [],
+                            "id": len(self.panels) + 1, "gridPos": {"h": 1, "w": 24, "x": 0, "y": self.y}})
+        self.y += 1
+
+    def add(self, panel: dict, w: int = 12, h: int = 8) -> None:
+        if self.x + w > 24:
+            self._newline()
+        panel["id"] = len(self.panels) + 1
+        panel["gridPos"] = {"h": h, "w": w, "x": self.x, "y": self.y}
+        self.panels.append(panel)
+        self.x += w
+        self.row_h = max(self.row_h, h)
+
+    def _newline(self) -> None:
+        self.y += self.row_h
+        self.x = self.row_h = 0
+
+
+def panel(kind: str, title: str, description: str, unit: str, targets: list[dict], *,
+          decimals: int | None = None, mappings: list | None = None, thresholds: list | None = None,
+          options: dict | None = None, custom: dict | None = None) -> dict:
+    defaults: dict = {"unit": unit, "custom": custom or {}}
+    if decimals is not None:
+        defaults["decimals"] = decimals
+    if mappings:
+        defaults["mappings"] = mappings
+    steps = [{"color": "green", "value": None}] + [{"color": c, "value": v} for v, c in thresholds or []]
+    defaults["thresholds"] = {"mode": "absolute", "steps": steps}
+    if kind == "timeseries":
+        defaults["custom"] = {"drawStyle": "line", "lineWidth": 1, "fillOpacity": 0, "showPoints": "never",
+                              "spanNulls": False, **(custom or {})}
+        if thresholds:
+            defaults["custom"]["thresholdsStyle"] = {"mode": "dashed"}
+    result = {"type": kind, "title": title, "description": description, "datasource": DS,
+              "fieldConfig": {"defaults": defaults, "overrides": []}, "targets": targets,
+              "options": options or {}}
+    if kind == "timeseries" and not options:
+        result["options"] = {"legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
+                             "tooltip": {"mode": "multi", "sort": "desc"}}
+    return result
+
+
+def ts(title: str, description: str, unit: str, *targets: dict, **kw) -> dict:
+    return panel("timeseries", title, description, unit, list(targets), **kw)
+
+
+def refs(*targets: dict) -> list[dict]:
+    for letter, t in zip("ABCDEFGH", targets, strict=False):
+        t["refId"] = letter
+    return list(targets)
+
+
+def query_var(name: str, label: str, query: str, *, multi: bool = True, include_all: bool = True,
+              all_value: str | None = ".*", regex: str = "", sort: int = 1, hide: int = 0) -> dict:
+    var = {"type": "query", "name": name, "label": label, "datasource": DS, "definition": query,
+           "query": {"query": query, "refId": f"PrometheusVariableQueryEditor-{name}"},
+           "refresh": 2, "regex": regex, "sort": sort, "multi": multi, "includeAll": include_all,
+           "current": {}, "options": [], "hide": hide}
+    if include_all and all_value is not None:
+        var["allValue"] = all_value
+    return var
+
+
+def datasource_var() -> dict:
+    return {"type": "datasource", "name": "datasource", "label": "Data source", "query": "prometheus",
+            "current": {}, "options": [], "refresh": 1, "regex": "", "hide": 0, "multi": False,
+            "includeAll": False}
+
+
+def job_instance_vars() -> list[dict]:
+    return [
+        query_var("job", "Job", "label_values(ccscope_build_info, job)"),
+        query_var("instance", "Instance", 'label_values(ccscope_build_info{job=~"$job"}, instance)'),
+    ]
+
+
+def dashboard(uid: str, title: str, description: str, tags: list[str], variables: list[dict],
+              panels: list[dict], annotations: list[dict], time_from: str) -> dict:
+    builtin = {"builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"}, "enable": True,
+               "hide": True, "iconColor": "rgba(0, 211, 255, 1)", "name": "Annotations & Alerts",
+               "type": "dashboard"}
+    return {
+        "uid": uid, "title": title, "description": description, "tags": tags, "editable": True,
+        "schemaVersion": 39, "version": 1, "graphTooltip": 1, "refresh": "5s", "timezone": "browser",
+        "time": {"from": time_from, "to": "now"}, "timepicker": {}, "fiscalYearStartMonth": 0,
+        "liveNow": False, "weekStart": "",
+        "links": [{"type": "dashboards", "tags": ["ccscope"], "asDropdown": False, "title": "ccscope",
+                   "includeVars": True, "keepTime": True}],
+        "templating": {"list": variables},
+        "annotations": {"list": [builtin, *annotations]},
+        "panels": panels,
+    }
+
+
+# --- ccscope — live flows ------------------------------------------------------------------------------
+
+
+def live_flows() -> dict:
+    lay = Layout()
+    host = TARGET + ',cc=~"$cc"'
+    lay.row("Host (all flows, from in-kernel aggregates)")
+    lay.add(panel("stat", "Open flows", "TCP flows the kernel side tracks as open, all algorithms selected.",
+                  "short", [target(f"sum(ccscope_tcp_flows{{{host}}})", "open flows", instant=True)],
+                  options={"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+                           "colorMode": "value", "graphMode": "area", "textMode": "auto"}), w=4, h=8)
+    lay.add(ts("Flows by algorithm", "Open TCP flows per congestion control algorithm (ccscope_tcp_flows).",
+               "short", target(f"sum by (cc) (ccscope_tcp_flows{{{host}}})", "{{cc}}")), w=10)
+    lay.add(ts("New flows by algorithm", "Rate at which ccscope first sees TCP flows, per algorithm.",
+               "cps", target(f"sum by (cc) (rate(ccscope_tcp_flows_started_total{{{host}}}[$__rate_interval]))",
+                             "{{cc}}")), w=10)
+    lay.add(ts("Host queueing delay (quantiles)",
+               "Quantiles of srtt - min_rtt over all flows, from the log2-bucket histogram "
+               "ccscope_tcp_queueing_delay_seconds; bucket bounds double, so values are coarse.",
+               "s", *refs(*(target(
+                   f"histogram_quantile({q}, sum by (le) (rate(ccscope_tcp_queueing_delay_seconds_bucket{{{host}}}"
+                   f"[$__rate_interval])))", f"p{int(q * 100)}") for q in (0.5, 0.9, 0.99))),
+               thresholds=[(0.1, "red")]))
+    lay.add(ts("Host smoothed RTT (quantiles)",
+               "Quantiles of srtt over all flows, from the histogram ccscope_tcp_srtt_seconds.", "s",
+               *refs(*(target(f"histogram_quantile({q}, sum by (le) (rate(ccscope_tcp_srtt_seconds_bucket{{{host}}}"
+                              f"[$__rate_interval])))", f"p{int(q * 100)}") for q in (0.5, 0.9, 0.99)))))
+    lay.add(ts("Host retransmits by algorithm",
+               "Retransmitted segments per second on all flows of the host (ccscope_tcp_retransmits_total).",
+               "cps", target(f"sum by (cc) (rate(ccscope_tcp_retransmits_total{{{host}}}[$__rate_interval]))",
+                             "{{cc}}")))
+    lay.add(ts("Retransmitted share of bytes sent (exported flows)",
+               "retransmits x MSS / bytes sent over the exported (top-N) flows: the same ratio the "
+               "CcscopeHighRetransmitRatio alert uses.", "percentunit",
+               target(f"sum by (cc) (rate(ccscope_flow_retransmits_total{{{host}}}[$__rate_interval]) "
+                      f"* ccscope_flow_mss_bytes{{{host}}}) / "
+                      f"sum by (cc) (rate(ccscope_flow_bytes_sent_total{{{host}}}[$__rate_interval]))", "{{cc}}"),
+               thresholds=[(0.05, "red")]))
+
+    lay.row("Per flow (top-N flows the daemon exports)")
+    fs = FLOW_SEL
+    lay.add(ts("Congestion window", "snd_cwnd in segments (ccscope_flow_cwnd_segments).", "short",
+               target(f"ccscope_flow_cwnd_segments{{{fs}}}", "{{flow}} {{cc}}")))
+    lay.add(ts("Slow-start threshold",
+               "ssthresh in segments; a flow has no series until its first loss makes it finite.", "short",
+               target(f"ccscope_flow_ssthresh_segments{{{fs}}}", "{{flow}} {{cc}}")))
+    lay.add(ts("Smoothed RTT against min RTT",
+               "srtt (solid) next to the kernel's windowed min_rtt: the gap is delay added by queues.", "s",
+               *refs(target(f"ccscope_flow_srtt_seconds{{{fs}}}", "srtt {{flow}}"),
+                     target(f"ccscope_flow_min_rtt_seconds{{{fs}}}", "min_rtt {{flow}}"))))
+    lay.add(ts("Queueing delay", "srtt - min_rtt per flow; sustained values above 100 ms are bufferbloat "
+               "(the CcscopeFlowBufferbloat alert threshold).", "s",
+               target(f"ccscope_flow_queueing_delay_seconds{{{fs}}}", "{{flow}}"), thresholds=[(0.1, "red")]))
+    lay.add(ts("RTT inflation (srtt / min_rtt)", "How many times the base RTT the flow currently sees; the "
+               "flow bufferbloat alert needs this above 3 together with the queueing delay.", "x",
+               target(f"ccscope_flow_srtt_seconds{{{fs}}} / ccscope_flow_min_rtt_seconds{{{fs}}}", "{{flow}}"),
+               thresholds=[(3, "red")]))
+    lay.add(ts("RTT variation", "rttvar (mdev) per flow.", "s",
+               target(f"ccscope_flow_rttvar_seconds{{{fs}}}", "{{flow}}")))
+    lay.add(ts("Retransmit rate", "Retransmitted segments per second per flow (ccscope_flow_retransmits_total).",
+               "cps", target(f"rate(ccscope_flow_retransmits_total{{{fs}}}[$__rate_interval])", "{{flow}}")))
+    lay.add(ts("Lost packets rate", "Packets marked lost per second per flow.", "cps",
+               target(f"rate(ccscope_flow_lost_packets_total{{{fs}}}[$__rate_interval])", "{{flow}}")))
+    lay.add(ts("Delivery and pacing rate", "The kernel's latest delivery rate sample and the socket pacing rate "
+               "(absent while unlimited).", "Bps",
+               *refs(target(f"ccscope_flow_delivery_rate_bytes_per_second{{{fs}}}", "delivery {{flow}}"),
+                     target(f"ccscope_flow_pacing_rate_bytes_per_second{{{fs}}}", "pacing {{flow}}"))))
+    lay.add(ts("Goodput", "Bytes acknowledged per second per flow.", "Bps",
+               target(f"rate(ccscope_flow_bytes_acked_total{{{fs}}}[$__rate_interval])", "{{flow}}")))
+    lay.add(ts("Packets in flight", "Segments in flight per flow.", "short",
+               target(f"ccscope_flow_packets_in_flight{{{fs}}}", "{{flow}}")))
+    mappings = [{"type": "value", "options": {str(i): {"text": s, "index": i} for i, s in enumerate(CA_STATES)}}]
+    lay.add(panel("state-timeline", "Congestion-avoidance state",
+                  "tcp_ca_state per flow: open, disorder, cwr, recovery, loss.", "none",
+                  [target(f"ccscope_flow_ca_state{{{fs}}}", "{{flow}}")], mappings=mappings,
+                  thresholds=[(1, "yellow"), (3, "orange"), (4, "red")],
+                  options={"showValue": "never", "mergeValues": True, "rowHeight": 0.9}))
+    lay.add(ts("MSS", "Current sending MSS per flow.", "bytes",
+               target(f"ccscope_flow_mss_bytes{{{fs}}}", "{{flow}}")), w=12, h=6)
+    lay.add(ts("Exported flows by algorithm", "Per-flow series by congestion control algorithm.", "short",
+               target(f"count by (cc) (ccscope_flow_cwnd_segments{{{fs}}})", "{{cc}}")), w=12, h=6)
+
+    lay.row("Daemon health")
+    lay.add(ts("Tracked and exported flows", "Flows in the kernel map and flows with per-flow series (--flows).",
+               "short", *refs(target(f"ccscope_tracked_flows{{{TARGET}}}", "tracked {{instance}}"),
+                              target(f"ccscope_exported_flows{{{TARGET}}}", "exported {{instance}}"))), w=8)
+    lay.add(ts("Flow map churn", "Closed flows expired after the grace period, and flows evicted from a full map "
+               "(raise --max-flows if evictions persist).", "cps",
+               *refs(target(f"rate(ccscope_flows_expired_total{{{TARGET}}}[$__rate_interval])", "expired"),
+                     target(f"rate(ccscope_flow_evictions_total{{{TARGET}}}[$__rate_interval])", "evicted"))), w=8)
+    lay.add(ts("BPF events", "Tracepoint hits and ring-buffer samples per second; lost samples mean the ring "
+               "buffer was full.", "cps",
+               *refs(target(f"rate(ccscope_bpf_probe_events_total{{{TARGET}}}[$__rate_interval])", "tcp_probe"),
+                     target(f"rate(ccscope_bpf_retransmit_events_total{{{TARGET}}}[$__rate_interval])",
+                            "tcp_retransmit_skb"),
+                     target(f"rate(ccscope_bpf_samples_total{{{TARGET}}}[$__rate_interval])", "samples"),
+                     target(f"rate(ccscope_bpf_samples_lost_total{{{TARGET}}}[$__rate_interval])", "lost"))), w=8)
+    lay.add(ts("Scrape cost", "Time the daemon spends reading the kernel maps per scrape, and whether the "
+               "target is up.", "s",
+               *refs(target(f"ccscope_scrape_duration_seconds{{{TARGET}}}", "map read {{instance}}"),
+                     target(f"scrape_duration_seconds{{{TARGET}}}", "scrape {{instance}}"))), w=12)
+    lay.add(panel("table", "Daemons", "ccscope version and kernel per scraped daemon, and whether it is up.",
+                  "none", [target(f"ccscope_build_info{{{TARGET}}} * on (job, instance) group_left up{{{TARGET}}}",
+                                  "", instant=True)],
+                  options={"showHeader": True}), w=12)
+    for p in lay.panels:
+        if p["type"] == "table":
+            p["targets"][0]["format"] = "table"
+    variables = [datasource_var(), *job_instance_vars(),
+                 query_var("netns", "Network namespace",
+                           f'label_values(ccscope_flow_cwnd_segments{{{TARGET}}}, netns)'),
+                 query_var("cc", "Algorithm", f'label_values(ccscope_tcp_flows{{{TARGET}}}, cc)'),
+                 query_var("flow", "Flow",
+                           f'label_values(ccscope_flow_cwnd_segments{{{TARGET},netns=~"$netns",cc=~"$cc"}}, flow)')]
+    return dashboard("ccscope-live-flows", "ccscope — live flows",
+                     "Per-flow TCP congestion telemetry (cwnd, ssthresh, RTT, queueing delay, retransmits, rates) "
+                     "from ccscope's eBPF exporter.", ["ccscope", "tcp"], variables, lay.panels, [], "now-15m")
+
+
+# --- ccscope — scenario --------------------------------------------------------------------------------
+
+# A scenario run is the (scenario, run) label pair the runner puts on its namespaces' flows; the runner
+# labels one unit (profile x algorithm mix) at a time with short gaps between units. Events are where the
+# run's series appear or go stale, with 5 minutes of silence on the other side so the gaps between units do
+# not count; offsetting by the query step ($__interval) makes each event true at exactly one step.
+RUN_SERIES = f"ccscope_flow_cwnd_segments{{{RUN_SEL}}}"
+_BY_RUN = "count by (scenario, run)"
+_BY_ALGO = "count by (scenario, algorithm)"
+_RECENT = f"(last_over_time({RUN_SERIES}[5m] offset $__interval))"
+RUN_ANNOTATIONS = (
+    ("Run start", "green",
+     f"{_BY_RUN} ({RUN_SERIES}) unless on (scenario, run) {_BY_RUN} {_RECENT}",
+     "Run start", "{{scenario}} run {{run}} started"),
+    ("Run end", "red",
+     f"{_BY_RUN} ({RUN_SERIES} offset $__interval) unless on (scenario, run) {_BY_RUN} ({RUN_SERIES}) "
+     f"unless on (scenario, run) {_BY_RUN} (last_over_time({RUN_SERIES}[5m] offset -5m))",
+     "Run end", "{{scenario}} run {{run}} ended"),
+    ("Algorithm swap", "orange",
+     f"({_BY_ALGO} ({RUN_SERIES}) unless on (scenario, algorithm) {_BY_ALGO} {_RECENT}) "
+     f"and on (scenario) count by (scenario) {_RECENT}",
+     "Algorithm swap", "{{scenario}} switches to {{algorithm}}"),
+)
+
+
+def annotation(name: str, color: str, expr: str, title: str, text: str) -> dict:
+    return {"name": name, "datasource": DS, "enable": True, "hide": False, "iconColor": color, "expr": expr,
+            "step": "5s", "titleFormat": title, "textFormat": text, "tagKeys": "scenario,run,algorithm",
+            "useValueForTime": False}
+
+
+def scenario() -> dict:
+    lay = Layout()
+    by = "profile, algorithm"
+    legend = "{{algorithm}} ({{profile}})"
+    rs = RUN_SEL
+    lay.row("Per-algorithm comparison")
+    lay.add(ts("Goodput by algorithm", "Bytes acknowledged per second, summed over the run's flows of each "
+               "algorithm.", "Bps",
+               target(f"sum by ({by}) (rate(ccscope_flow_bytes_acked_total{{{rs}}}[$__rate_interval]))", legend)))
+    lay.add(ts("Mean smoothed RTT by algorithm", "Average srtt of the run's flows per algorithm, with min_rtt.",
+               "s", *refs(target(f"avg by ({by}) (ccscope_flow_srtt_seconds{{{rs}}})", "srtt " + legend),
+                          target(f"min by ({by}) (ccscope_flow_min_rtt_seconds{{{rs}}})", "min_rtt " + legend))))
+    lay.add(ts("Queueing delay by algorithm", "Mean and worst srtt - min_rtt of the run's flows per algorithm.",
+               "s", *refs(target(f"avg by ({by}) (ccscope_flow_queueing_delay_seconds{{{rs}}})", "mean " + legend),
+                          target(f"max by ({by}) (ccscope_flow_queueing_delay_seconds{{{rs}}})", "max " + legend)),
+               thresholds=[(0.1, "red")]))
+    lay.add(ts("Mean congestion window by algorithm", "Average cwnd in segments per algorithm.", "short",
+               target(f"avg by ({by}) (ccscope_flow_cwnd_segments{{{rs}}})", legend)))
+    lay.add(ts("Retransmit rate by algorithm", "Retransmitted segments per second per algorithm.", "cps",
+               target(f"sum by ({by}) (rate(ccscope_flow_retransmits_total{{{rs}}}[$__rate_interval]))", legend)))
+    lay.add(ts("Delivery rate by algorithm", "Sum of the flows' latest delivery-rate samples per algorithm.",
+               "Bps", target(f"sum by ({by}) (ccscope_flow_delivery_rate_bytes_per_second{{{rs}}})", legend)))
+    lay.add(ts("Fairness (Jain's index) by algorithm",
+               "Jain's index of the per-flow goodput within each algorithm: 1 = equal shares, 1/n = one flow "
+               "takes all.", "percentunit",
+               target(f"(sum by ({by}) (rate(ccscope_flow_bytes_acked_total{{{rs}}}[$__rate_interval])))^2 / "
+                      f"(count by ({by}) (rate(ccscope_flow_bytes_acked_total{{{rs}}}[$__rate_interval])) * "
+                      f"sum by ({by}) (rate(ccscope_flow_bytes_acked_total{{{rs}}}[$__rate_interval])^2))", legend)))
+    lay.add(ts("Flows by algorithm", "Flows of the run with per-flow series, per algorithm.", "short",
+               target(f"count by ({by}) (ccscope_flow_cwnd_segments{{{rs}}})", legend)))
+    summary = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+               "orientation": "horizontal", "displayMode": "gradient", "showUnfilled": True}
+    lay.row("Over the selected time range (each algorithm while it was running)")
+
+    def over_range(title: str, description: str, unit: str, expr: str, fn: str = "avg_over_time") -> None:
+        lay.add(panel("bargauge", title, description, unit,
+                      [target(f"{fn}(({expr})[$__range:$__interval])", legend, instant=True)], options=summary), w=6)
+
+    over_range("Mean goodput", "Goodput per algorithm averaged over the time it ran.", "Bps",
+               f"sum by ({by}) (rate(ccscope_flow_bytes_acked_total{{{rs}}}[$__rate_interval]))")
+    over_range("Mean smoothed RTT", "Mean srtt of the algorithm's flows over the time it ran.", "s",
+               f"avg by ({by}) (ccscope_flow_srtt_seconds{{{rs}}})")
+    over_range("Worst queueing delay", "Highest srtt - min_rtt of any of the algorithm's flows.", "s",
+               f"max by ({by}) (ccscope_flow_queueing_delay_seconds{{{rs}}})", "max_over_time")
+    lay.add(panel("bargauge", "Retransmits", "Retransmitted segments in the time range per algorithm.", "short",
+                  [target(f"sum by ({by}) (increase(ccscope_flow_retransmits_total{{{rs}}}[$__range]))", legend,
+                          instant=True)], options=summary), w=6)
+    lay.row("Flows of the run")
+    lay.add(ts("Congestion window per flow", "cwnd in segments of every flow of the run.", "short",
+               target(f"ccscope_flow_cwnd_segments{{{rs}}}", "{{algorithm}} {{flow}}")))
+    lay.add(ts("Smoothed RTT per flow", "srtt of every flow of the run.", "s",
+               target(f"ccscope_flow_srtt_seconds{{{rs}}}", "{{algorithm}} {{flow}}")))
+    variables = [
+        datasource_var(), *job_instance_vars(),
+        query_var("scenario", "Scenario",
+                  f'label_values(ccscope_flow_cwnd_segments{{{TARGET},scenario!=""}}, scenario)',
+                  multi=False, include_all=False),
+        # The runs in the time range; "All" (the default) compares every run of the scenario shown.
+        query_var("run", "Run", f'label_values(ccscope_flow_cwnd_segments{{{TARGET},scenario=~"$scenario"}}, run)',
+                  all_value=".+", sort=4),
+    ]
+    annotations = [annotation(*a) for a in RUN_ANNOTATIONS]
+    return dashboard("ccscope-scenario", "ccscope — scenario",
+                     "Congestion control algorithms compared within one scenario run, with annotations at run "
+                     "start, run end and algorithm swaps.", ["ccscope", "tcp", "scenario"], variables,
+                     lay.panels, annotations, "now-30m")
+
+
+DASHBOARDS = {"ccscope-live-flows.json": live_flows, "ccscope-scenario.json": scenario}
+
+
+def render(build) -> str:
+    return json.dumps(build(), indent=2, ensure_ascii=False) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="fail if the committed JSON is out of date")
+    parser.add_argument("--out", type=Path, default=HERE, help="directory to write to (default: here)")
+    args = parser.parse_args(argv)
+    stale = []
+    for name, build in DASHBOARDS.items():
+        path = args.out / name
+        text = render(build)
+        if args.check:
+            if not path.is_file() or path.read_text() != text:
+                stale.append(name)
+        else:
+            path.write_text(text)
+    if stale:
+        print(f"generate.py: out of date: {', '.join(stale)} (run python3 dashboards/generate.py)",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
