@@ -116,10 +116,9 @@ def test_netem_delay_raises_rtt(guest: dict) -> None:
 def test_netem_loss_causes_retransmits(guest: dict) -> None:
     netem = check(guest, "netem")
     lossy = netem["loss2"]
-    assert lossy["tcp_info"]["total_retrans"] > 0
-    assert netem["plain"]["tcp_info"]["total_retrans"] == 0
     drops = sum(q["drops"] for q in lossy["netem"] if q["kind"] == "netem")
-    assert drops > 0
+    # Every segment netem dropped was sent again (TCG's timer noise may add spurious ones, so >=).
+    assert lossy["tcp_info"]["total_retrans"] >= drops > 0
 
 
 def test_telemetry_sees_netem_delay_and_loss(guest: dict) -> None:

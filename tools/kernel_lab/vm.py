@@ -23,7 +23,8 @@ from .kernel import Kernel
 QEMU = os.environ.get("KERNEL_LAB_QEMU", "qemu-system-x86_64")
 GUEST_CTL = "/run/kernel-lab"
 GUEST_PATH = f"{GUEST_CTL}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-# Host variables the command sees in the guest as well (CI decides skip-versus-fail in tests).
+# Host variables the command sees in the guest as well (CI decides skip-versus-fail in tests),
+# besides every CCSCOPE_* and KERNEL_LAB_* one.
 PASSED_ENV = ("CI", "TERM", "LANG", "LC_ALL", "PYTHONPATH")
 PR_SET_PDEATHSIG = 1
 
@@ -47,7 +48,7 @@ def _die_with_parent() -> None:
 
 
 def _command_script(spec: RunSpec, kernel: Kernel) -> str:
-    env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
+    env = {k: v for k, v in os.environ.items() if k in PASSED_ENV or k.startswith(("CCSCOPE_", "KERNEL_LAB_"))}
     env.update({
         "PATH": GUEST_PATH, "HOME": "/tmp/home", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
         "MPLCONFIGDIR": "/tmp/home/.config/matplotlib", "KERNEL_LAB": "1",
