@@ -32,6 +32,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 from ccscope.errors import CcscopeError, PrerequisiteError
 
 from ._system import in_ns, need, sh
+from .netns import in_netns
 from .profile import ETH_FRAME, LinkProfile
 
 DELAYLINE = Path(__file__).with_name("ccscope-delayline")
@@ -48,6 +49,7 @@ class Capabilities:
     qdiscs: frozenset[str]
     nfqueue: bool
     delayline: Path | None
+    nfqueue_error: str = ""
 
     @property
     def netem(self) -> bool:
@@ -77,29 +79,37 @@ def probe_backends() -> Capabilities:
     need("ip")
     ns = f"ccs-probe-{os.getpid()}-{secrets.token_hex(3)}"
     sh(["ip", "netns", "add", ns])
-    found = set()
-    nfqueue = False
+    nfqueue_error = ""
+
+    def try_qdiscs(ipr: IPRoute) -> set[str]:
+        found = set()
+        lo = ipr.link_lookup(ifname="lo")[0]
+        ipr.link("set", index=lo, state="up")
+        for kind in PROBED_QDISCS:
+            kw = {"rate": "10mbit", "burst": 20000, "limit": 100000} if kind == "tbf" else {}
+            try:
+                ipr.tc("add", kind, lo, handle=0x10000, **kw)
+            except NetlinkError:
+                continue  # EOPNOTSUPP / ENOENT: "Specified qdisc kind is unknown"
+            found.add(kind)
+            with contextlib.suppress(NetlinkError):
+                ipr.tc("del", kind, lo, handle=0x10000, **kw)
+        return found
+
     try:
-        with IPRoute(netns=ns) as ipr:
-            lo = ipr.link_lookup(ifname="lo")[0]
-            ipr.link("set", index=lo, state="up")
-            for kind in PROBED_QDISCS:
-                kw = {"rate": "10mbit", "burst": 20000, "limit": 100000} if kind == "tbf" else {}
-                try:
-                    ipr.tc("add", kind, lo, handle=0x10000, **kw)
-                except NetlinkError:
-                    continue  # EOPNOTSUPP / ENOENT: "Specified qdisc kind is unknown"
-                found.add(kind)
-                with contextlib.suppress(NetlinkError):
-                    ipr.tc("del", kind, lo, handle=0x10000, **kw)
-        with contextlib.suppress(PrerequisiteError):
+        found = in_netns(ns, try_qdiscs)
+        try:
             need("iptables")
             rule = ["-t", "mangle", "-A", "FORWARD", "-j", "NFQUEUE", "--queue-num", "0"]
-            nfqueue = sh(in_ns(ns, ["iptables", *rule]), check=False).returncode == 0
+            proc = sh(in_ns(ns, ["iptables", "-w", *rule]), check=False)
+            nfqueue_error = "" if proc.returncode == 0 else (proc.stderr.strip() or "iptables failed")
+        except PrerequisiteError as exc:
+            nfqueue_error = str(exc)
     finally:
         sh(["ip", "netns", "del", ns], check=False)
     delayline = DELAYLINE if os.access(DELAYLINE, os.X_OK) else None
-    return Capabilities(qdiscs=frozenset(found), nfqueue=nfqueue, delayline=delayline)
+    return Capabilities(qdiscs=frozenset(found), nfqueue=not nfqueue_error, delayline=delayline,
+                        nfqueue_error=nfqueue_error.splitlines()[0] if nfqueue_error else "")
 
 
 def choose_backend(requested: str, caps: Capabilities) -> str:
@@ -112,8 +122,8 @@ def choose_backend(requested: str, caps: Capabilities) -> str:
     if "tbf" not in caps.qdiscs:
         raise PrerequisiteError("the tbf qdisc is not in this kernel (CONFIG_NET_SCH_TBF)")
     if not caps.nfqueue:
-        raise PrerequisiteError("NFQUEUE does not work here (needs CONFIG_NETFILTER_XT_TARGET_NFQUEUE and iptables)",
-                                "apt install iptables")
+        raise PrerequisiteError(f"NFQUEUE does not work here: {caps.nfqueue_error}",
+                                "needs CONFIG_NETFILTER_XT_TARGET_NFQUEUE and iptables")
     if caps.delayline is None:
         raise PrerequisiteError(f"{DELAYLINE.name} is not built", "run make (needs gcc, libnetfilter-queue-dev)")
     return "userspace"

@@ -15,6 +15,7 @@ import fcntl
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -199,4 +200,9 @@ def cleanup_all(*, include_live: bool = True) -> list[str]:
                 removed.append(f"sysctl {algorithms.ALLOWED_KEY} = {value}")
             state.path.unlink(missing_ok=True)
             removed.append(f"state {state.path}")
+        # Delay-line counters of runs without a state file (dead, or cleaned above).
+        for d in state_dir().glob("*.d"):
+            if not d.with_suffix(".json").exists():
+                shutil.rmtree(d, ignore_errors=True)
+                removed.append(f"state {d}")
     return removed

