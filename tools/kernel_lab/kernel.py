@@ -132,7 +132,16 @@ def _run(cmd: list[str], what: str, cwd: Path | None = None) -> None:
         raise LabError(f"{what} failed: {errors[-1].strip()}", 3)
 
 
+def _known_to_apt(package: str) -> bool:
+    result = subprocess.run(["apt-cache", "show", "--no-all-versions", package],
+                            capture_output=True, text=True, check=False)
+    return result.returncode == 0 and "Package:" in result.stdout
+
+
 def _download_and_unpack(kernel: Kernel) -> None:
+    if not _known_to_apt(kernel.package):
+        raise LabError(f"apt has no package {kernel.package} (list them: apt-cache search "
+                       f"'^linux-image-6.1.0-.*-amd64$'; or run apt-get update)", 3)
     print(f"kernel-lab: fetching {kernel.package}", file=sys.stderr, flush=True)
     target = kernel.root.parent
     target.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,94 @@
+"""tools/kernel-lab itself: status and output come back, shares are writable and the root is not,
+and every failure is one `kernel-lab: error:` line with a non-zero status and nothing left running."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+from labhelpers import ROOT, lab
+
+pytestmark = pytest.mark.stock_kernel
+
+
+def one_error_line(stderr: str) -> str:
+    """Progress lines may come first; the failure itself is exactly one line, the last."""
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("kernel-lab: error: ")]
+    assert len(errors) == 1 and lines[-1] == errors[0], stderr
+    assert "Traceback" not in stderr
+    return errors[0]
+
+
+def qemu_processes_using(path: Path) -> list[int]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "qemu-system" in cmdline and str(path) in cmdline:
+            found.append(int(pid))
+    return found
+
+
+def test_run_returns_status_output_and_shared_files(kernel_lab: Path, tmp_path: Path) -> None:
+    script = (
+        "echo to-stdout; echo to-stderr >&2; uname -r > out/release; pwd > out/cwd; "
+        "if touch /etc/kernel-lab-must-not-exist 2>/dev/null; then echo root-writable; fi; "
+        "touch /tmp/scratch && echo tmp-writable; exit 7"
+    )
+    (tmp_path / "out").mkdir()
+    ran = lab("run", "--share", str(tmp_path / "out"), "--cwd", str(tmp_path), "--timeout", "300",
+              "--", "sh", "-c", script, timeout=400)
+    assert ran.returncode == 7, ran.stderr
+    assert ran.stdout.split() == ["to-stdout", "tmp-writable"]
+    assert "to-stderr" in ran.stderr
+    assert (tmp_path / "out" / "release").read_text().startswith("6.1.")
+    assert (tmp_path / "out" / "cwd").read_text().strip() == str(tmp_path)
+    assert not Path("/etc/kernel-lab-must-not-exist").exists()
+
+
+def test_a_hung_guest_is_killed_at_the_timeout(kernel_lab: Path, tmp_path: Path) -> None:
+    started = time.monotonic()
+    ran = lab("run", "--timeout", "5", "--", "sleep", "600", env={"TMPDIR": str(tmp_path)}, timeout=120)
+    assert ran.returncode == 124
+    assert "did not finish within 5 s" in one_error_line(ran.stderr)
+    assert time.monotonic() - started < 60
+    assert qemu_processes_using(tmp_path) == []
+
+
+def test_missing_qemu_is_one_error_line(kernel_lab: Path) -> None:
+    ran = lab("run", "--", "true", env={"KERNEL_LAB_QEMU": "/nonexistent/qemu-system-x86_64"})
+    assert ran.returncode == 3
+    assert "not found" in one_error_line(ran.stderr)
+
+
+def test_missing_kernel_package_is_one_error_line(tmp_path: Path) -> None:
+    ran = lab("fetch", "--package", "linux-image-6.1.0-99999-amd64",
+              env={"KERNEL_LAB_CACHE": str(tmp_path / "cache")}, timeout=300)
+    assert ran.returncode == 3
+    assert "linux-image-6.1.0-99999-amd64" in one_error_line(ran.stderr)
+
+
+@pytest.mark.parametrize("args", [
+    ["run"],
+    ["run", "--timeout", "soon", "--", "true"],
+    ["run", "--env", "NOEQUALS", "--", "true"],
+    ["fetch", "--package", "not-a-kernel"],
+    ["explode"],
+])
+def test_bad_input_is_one_error_line(args: list[str], tmp_path: Path) -> None:
+    ran = lab(*args, env={"KERNEL_LAB_CACHE": str(tmp_path / "cache")}, timeout=60)
+    assert ran.returncode == 2
+    one_error_line(ran.stderr)
+
+
+def test_info_reports_the_cached_kernel(kernel_lab: Path) -> None:
+    ran = lab("info", "--json")
+    assert ran.returncode == 0, ran.stderr
+    assert '"kernel": "6.1.' in ran.stdout
+    assert "sch_netem" in ran.stdout
+    assert ROOT.exists()
