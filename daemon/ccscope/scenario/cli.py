@@ -65,7 +65,7 @@ def cmd_scenario(args: argparse.Namespace) -> int:
 def _run(scenario, args: argparse.Namespace) -> int:
     from ccscope.units import parse_listen
 
-    from . import report, runner
+    from . import runner
 
     listen = None if args.listen == "off" else (args.listen or DEFAULT_LISTEN)
     if listen:
@@ -74,6 +74,8 @@ def _run(scenario, args: argparse.Namespace) -> int:
                              listen_explicit=args.listen is not None, skip_unavailable=args.skip_unavailable,
                              backend=args.backend, quick=args.quick, verify=not args.no_verify)
     out, doc = runner.run(scenario, options)
+    from . import report  # matplotlib only once there is something to plot
+
     html = report.render(out, doc)
     print(report.summary_table(doc))
     for warning in doc["warnings"]:

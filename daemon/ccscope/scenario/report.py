@@ -86,7 +86,7 @@ def plot_timeseries(directory: Path, doc: dict, column: str, ylabel: str, name: 
             if with_ping and run.get("ping") and run["ping"].get("csv"):
                 xs, ys = _col(_read_csv(directory / run["ping"]["csv"]), "rtt_ms")
                 ping_label = f"ping ({run['algorithms']})"
-                ax.scatter(xs, ys, s=6, color=color(run["algorithms"].split("+")[0]), alpha=0.35, marker=".",
+                ax.scatter(xs, ys, s=10, color=color(run["algorithms"].split("+")[0]), alpha=0.35, marker=".",
                            label=None if ping_label in labelled else ping_label)
                 labelled.add(ping_label)
         ax.set_title(f"{profile}: {doc['profiles'][profile]['description'].split(': ', 1)[-1]}", fontsize=9,
@@ -103,31 +103,42 @@ def plot_timeseries(directory: Path, doc: dict, column: str, ylabel: str, name: 
 
 
 def plot_tradeoff(directory: Path, doc: dict) -> str | None:
+    """Pantheon's summary plot: goodput against p95 delay, x inverted so the best lands top-right; one panel
+    per profile (their scales differ by orders of magnitude), one point per algorithm, CI whiskers."""
     rows = [r for r in doc["summary"] if r["goodput_bps"]["mean"] is not None and r["srtt_p95_ms"]["mean"] is not None]
     if not rows:
         return None
-    fig, ax = plt.subplots(figsize=(8, 5.5))
-    profiles = _profiles(doc)
-    for row in rows:
-        marker = MARKERS[profiles.index(row["profile"]) % len(MARKERS)] if row["profile"] in profiles else "o"
-        x, y = row["srtt_p95_ms"]["mean"], row["goodput_bps"]["mean"] / 1e6
-        xerr = row["srtt_p95_ms"]["ci95"]
-        yerr = row["goodput_bps"]["ci95"] / 1e6 if row["goodput_bps"]["ci95"] is not None else None
-        ax.errorbar(x, y, xerr=xerr, yerr=yerr, fmt=marker, color=color(row["algorithm"]), ms=9, capsize=4,
-                    mec="black", mew=0.6)
-        tag = row["algorithm"] if "+" not in row["algorithms"] else f"{row['algorithm']} in {row['algorithms']}"
-        ax.annotate(f"{tag}\n{row['profile']}", (x, y), textcoords="offset points", xytext=(8, 4), fontsize=8)
-    ax.set_xscale("log")
-    ax.invert_xaxis()
-    ax.set_xlabel("p95 of kernel srtt (ms, log scale, inverted: lower is better)")
-    ax.set_ylabel("goodput (Mbit/s)")
-    ax.grid(alpha=0.3, which="both")
+    profiles = [p for p in _profiles(doc) if any(r["profile"] == p for r in rows)]
+    fig, axes = plt.subplots(1, len(profiles), figsize=(4.8 * len(profiles) + 0.6, 4.6), squeeze=False)
+    for ax, profile in zip(axes[0], profiles, strict=True):
+        mine = [r for r in rows if r["profile"] == profile]
+        for i, row in enumerate(mine):
+            x, y = row["srtt_p95_ms"]["mean"], row["goodput_bps"]["mean"] / 1e6
+            xerr = row["srtt_p95_ms"]["ci95"]
+            yerr = row["goodput_bps"]["ci95"] / 1e6 if row["goodput_bps"]["ci95"] is not None else None
+            label = row["algorithm"] if "+" not in row["algorithms"] else f"{row['algorithm']} in {row['algorithms']}"
+            ax.errorbar(x, y, xerr=xerr, yerr=yerr, fmt=MARKERS[i % len(MARKERS)], color=color(row["algorithm"]),
+                        ms=9, capsize=4, mec="black", mew=0.6, label=label)
+        xs = [r["srtt_p95_ms"]["mean"] for r in mine]
+        ys = [r["goodput_bps"]["mean"] / 1e6 for r in mine]
+        span = max(xs) - min(xs)
+        pad = max(span * 0.25, max(xs) * 0.08)
+        ax.set_xlim(max(xs) + pad, max(0.0, min(xs) - pad))  # inverted: lower delay to the right
+        ax.set_ylim(0, max(ys) * 1.15)
+        rate = doc["profiles"][profile].get("up_rate_bps")
+        if rate:
+            ax.axhline(rate / 1e6 * 1448 / 1514, color="gray", ls=":", lw=1)
+            ax.text(ax.get_xlim()[0], rate / 1e6 * 1448 / 1514, " max TCP goodput", fontsize=7, va="bottom",
+                    color="gray")
+            ax.set_ylim(0, max(max(ys), rate / 1e6) * 1.15)
+        ax.set_title(profile, fontsize=10)
+        ax.set_xlabel("p95 srtt (ms, lower is better →)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="lower left")
+    axes[0, 0].set_ylabel("goodput (Mbit/s)")
     runs = doc["runs_per_unit"]
-    ax.set_title(f"{doc['scenario']['name']}: throughput vs delay (best is top-right); "
-                 f"{'mean ± 95% CI over ' + str(runs) + ' runs' if runs > 1 else '1 run, no interval'}", fontsize=10)
-    handles = [plt.Line2D([], [], marker=MARKERS[i % len(MARKERS)], ls="", color="gray", label=p)
-               for i, p in enumerate(profiles)]
-    ax.legend(handles=handles, title="profile", fontsize=8, loc="lower left")
+    fig.suptitle(f"{doc['scenario']['name']}: throughput vs delay, best is top-right "
+                 f"({'mean ± 95% CI over ' + str(runs) + ' runs' if runs > 1 else '1 run, no interval'})", fontsize=10)
     fig.tight_layout()
     return _save(fig, directory, "tradeoff.png")
 

@@ -187,12 +187,13 @@ def _run_unit(scenario: Scenario, unit: Unit, position: int, out: Path, recorder
         labels = {"scenario": scenario.name, "profile": unit.profile, "algorithm": mix_label(unit.mix),
                   "run": str(unit.repetition)}
         collector.set_netns_labels({netns: labels, tb.netns_inode(tb.receiver_ns): labels})
+        link_before = tb.link_stats()  # the verify probe above went through the same queues
         recorder.start(netns)
         record["started_at"] = _now_iso()
         progress.start(position, unit.label)
         traffic = run_traffic(tb, scenario, unit.mix, progress.update)
         series = recorder.stop()
-        record["link"] = tb.link_stats()
+        record["link"] = _link_delta(tb.link_stats(), link_before)
     collector.set_netns_labels({})
     record["duration_s"] = round(traffic.end_mono - traffic.start_mono, 3)
     _fill_run(record, scenario, unit, traffic, series, out)
@@ -242,6 +243,11 @@ def _fill_run(record: dict, scenario: Scenario, unit: Unit, traffic: TrafficResu
     for f in record["flows"]:
         srtt.setdefault(f["algorithm"], []).extend(f.pop("_srtt_samples", []))
     record["per_algorithm"] = analysis.per_algorithm(record["flows"], srtt, unit.mix, record["downloads"])
+
+
+def _link_delta(after: dict, before: dict) -> dict:
+    return {d: {k: v - before.get(d, {}).get(k, 0) if isinstance(v, int) else v for k, v in counters.items()}
+            for d, counters in after.items()}
 
 
 def _check_algorithm(record: dict, entry: dict, requested: str) -> None:

@@ -1,0 +1,86 @@
+"""Metric definitions of the scenario engine against hand-computed numbers (pure, fast)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from ccscope.scenario import analysis
+
+
+def test_percentile_interpolates_between_order_statistics():
+    values = [4.0, 1.0, 3.0, 2.0, 5.0]  # sorted 1..5
+    assert analysis.percentile(values, 50) == 3.0
+    # p95: position (5-1)*0.95 = 3.8 -> 4 + 0.8*(5-4)
+    assert analysis.percentile(values, 95) == pytest.approx(4.8)
+    assert analysis.percentile(values, 0) == 1.0
+    assert analysis.percentile(values, 100) == 5.0
+    assert analysis.percentile([7.0], 95) == 7.0
+    assert analysis.percentile([], 50) is None
+    # even count median: position 1.5 -> 2 + 0.5*(3-2)
+    assert analysis.percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
+
+
+def test_summary():
+    s = analysis.summary([10.0, 20.0, 30.0, 40.0])
+    assert s["mean"] == 25.0
+    assert s["median"] == 25.0
+    assert s["p95"] == pytest.approx(38.5)  # 3*0.95 = 2.85 -> 30 + 0.85*10
+    assert (s["min"], s["max"], s["count"]) == (10.0, 40.0, 4)
+
+
+def test_goodput_over_active_window_after_warmup():
+    # 1 MB/s for 4 s, then nothing more acknowledged (flow idle until its close sample at t=6)
+    times = [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    acked = [0, 1_000_000, 2_000_000, 3_000_000, 4_000_000, 4_000_000, 4_000_000]
+    rate, start, end = analysis.goodput(times, acked, window_start_s=1.0)
+    # window 1.0 .. 4.0 (last growth), 3 MB in 3 s = 8 Mbit/s; the idle tail does not dilute it
+    assert (start, end) == (1.0, 4.0)
+    assert rate == pytest.approx(8e6)
+    # the warm-up start falls between samples: the first sample at or after it opens the window
+    rate, start, _ = analysis.goodput(times, acked, window_start_s=1.5)
+    assert start == 2.0
+    assert rate == pytest.approx(2_000_000 * 8 / 2.0)
+    assert analysis.goodput(times, acked, window_start_s=10.0)[0] is None
+    assert analysis.goodput([0.0, 1.0], [5, 5], 0.0)[0] is None
+
+
+def test_jain_index():
+    assert analysis.jain([5.0, 5.0]) == pytest.approx(1.0)
+    assert analysis.jain([10.0, 0.0]) == pytest.approx(0.5)  # one of two takes everything: 1/n
+    # (1+2+3)^2 / (3 * (1+4+9)) = 36/42
+    assert analysis.jain([1.0, 2.0, 3.0]) == pytest.approx(36 / 42)
+    assert analysis.jain([3.0]) is None
+    assert analysis.jain([0.0, 0.0]) is None
+
+
+def test_mean_ci95_student_t():
+    # 10, 12, 14: mean 12, s = 2, t(0.975, 2) = 4.303 -> 4.303 * 2 / sqrt(3) = 4.9687
+    ci = analysis.mean_ci95([10.0, 12.0, 14.0])
+    assert ci["mean"] == pytest.approx(12.0)
+    assert ci["stdev"] == pytest.approx(2.0)
+    assert ci["ci95"] == pytest.approx(4.303 * 2 / math.sqrt(3))
+    assert ci["n"] == 3
+    # two values 1, 3: mean 2, s = sqrt(2), t(0.975, 1) = 12.706 -> 12.706 * sqrt(2)/sqrt(2) = 12.706
+    assert analysis.mean_ci95([1.0, 3.0])["ci95"] == pytest.approx(12.706)
+    one = analysis.mean_ci95([5.0, None])
+    assert (one["mean"], one["ci95"], one["n"]) == (5.0, None, 1)
+    assert analysis.mean_ci95([])["mean"] is None
+    assert analysis.t975(40) == 1.96
+
+
+def test_retransmit_ratio_and_link_drops():
+    # 10 retransmits among 1448000 bytes sent at MSS 1448 = 1000 segments -> 1 %
+    assert analysis.retransmit_ratio(10, 1_448_000, 1448) == pytest.approx(0.01)
+    assert analysis.retransmit_ratio(1, 0, 1448) is None
+    link = {"up": {"packets": 990, "queue_drops": 6, "random_drops": 4}, "down": {}}
+    assert analysis.link_drop_ratio(link) == pytest.approx(10 / 1000)
+
+
+def test_windowed_throughput():
+    times = [0.0, 0.1, 0.2, 0.3, 0.4]
+    acked = [0, 12_500, 25_000, 37_500, 50_000]  # 125 kB/s = 1 Mbit/s
+    out = analysis.windowed_throughput(times, acked, window_s=0.2)
+    assert out[:2] == [None, None]
+    assert out[2] == pytest.approx(1e6)
+    assert out[4] == pytest.approx(1e6)

@@ -1,0 +1,188 @@
+"""Real scenario runs: namespaces, BPF, iperf3, ping, short downloads; short durations.
+
+Each test checks the host afterwards with the emulation tests' HostSnapshot: no ccs- namespace, init-ns
+qdisc, iptables rule, sysctl, process or state file left behind."""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from ccscope.scenario import results
+from conftest import require_bpf_object, require_root, require_tools
+from emulation_helpers import HostSnapshot
+
+BULK_COLUMNS = ["time_s", "cwnd_segments", "srtt_ms", "retransmits", "throughput_mbps"]
+
+
+@pytest.fixture(autouse=True)
+def prerequisites():
+    require_root()
+    require_tools("iperf3", "ping", "ip", "tc", "ethtool", "ss", "iptables")
+    require_bpf_object()
+
+
+def _fetch_procs() -> set[int]:
+    pids = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if b"ccscope.scenario.fetch" in Path(f"/proc/{entry}/cmdline").read_bytes():
+                    pids.add(int(entry))
+            except OSError:
+                pass
+    return pids
+
+
+@pytest.fixture
+def host():
+    snapshot = HostSnapshot.take()
+    fetchers = _fetch_procs()
+    yield
+    snapshot.assert_unchanged()
+    assert not _fetch_procs() - fetchers, "download helper processes left behind"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _csv_rows(path: Path) -> list[dict]:
+    with path.open() as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_wired_vs_wireless_quick(ccscope_cmd, tmp_path, host):
+    out = tmp_path / "wvw"
+    port = _free_port()
+    proc = subprocess.Popen([*ccscope_cmd, "scenario", "wired-vs-wireless", "--quick", "--duration", "5s",
+                             "--out", str(out), "--listen", f"127.0.0.1:{port}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    labelled = set()
+    deadline = time.monotonic() + 240
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+        except OSError:
+            body = ""
+        for line in body.splitlines():
+            if line.startswith("ccscope_flow_cwnd_segments{") and 'scenario="wired-vs-wireless"' in line:
+                profile = line.split('profile="')[1].split('"')[0]
+                algorithm = line.split('algorithm="')[1].split('"')[0]
+                labelled.add((profile, algorithm))
+        time.sleep(0.5)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr
+    assert "Traceback" not in stderr
+    assert "[6/6]" in stderr  # progress per run
+    assert "goodput Mbit/s" in stdout and "wireless" in stdout  # the summary table
+
+    doc = results.load(out)  # schema-checked
+    assert doc["schema_version"] == results.SCHEMA_VERSION
+    assert len(doc["runs"]) == 6 and len(doc["run_order"]) == 6
+    assert {r["algorithms"] for r in doc["runs"]} == {"reno", "cubic", "bbr"}
+    assert doc["environment"]["kernel"] and doc["environment"]["iperf3_version"].startswith("iperf 3")
+    assert doc["environment"]["sysctls"]["net.ipv4.tcp_available_congestion_control"]
+    for run in doc["runs"]:
+        assert run["backend"] in ("netem", "userspace")
+        assert not run["errors"], run["errors"]
+        [flow] = run["flows"]
+        # the algorithm that ran, from the kernel (BPF) and from iperf3, is the one requested
+        assert flow["algorithm"] == run["algorithms"]
+        assert flow["algorithm_kernel"] == flow["algorithm"]
+        assert flow["algorithm_iperf3"] == flow["algorithm"]
+        assert flow["algorithm_ok"] is True
+        # telemetry goodput agrees with iperf3's receiver-side goodput
+        assert flow["goodput_bps"] == pytest.approx(flow["iperf3"]["goodput_bps"], rel=0.1)
+        profile = doc["profiles"][run["profile"]]
+        max_goodput = profile["up_rate_bps"] * 1448 / 1514
+        assert flow["goodput_bps"] <= max_goodput * 1.03
+        assert flow["srtt_ms"]["median"] >= profile["base_rtt_s"] * 1e3 * 0.85
+        if run["profile"] == "wired":
+            assert flow["goodput_bps"] >= 0.85 * max_goodput
+        rows = _csv_rows(out / flow["csv"])
+        assert len(rows) > 50
+        assert list(rows[0])[:5] == BULK_COLUMNS
+        assert all(row["cc"] == flow["algorithm"] for row in rows)
+        assert run["ping"]["received"] > 10
+        assert run["link"]["up"]["packets"] > 100
+    rows = {(r["profile"], r["algorithm"]): r for r in doc["summary"]}
+    assert set(rows) == {(p, a) for p in ("wired", "wireless") for a in ("reno", "cubic", "bbr")}
+    # live endpoint: flows were labelled with their run while it ran
+    assert labelled & {("wired", a) for a in ("reno", "cubic", "bbr")}
+
+    html = (out / "report.html").read_text()
+    for png in ("cwnd.png", "throughput.png", "rtt.png", "tradeoff.png", "loss.png"):
+        path = out / "plots" / png
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+        assert f"plots/{png}" in html
+    # `ccscope report DIR` re-renders from results.json and the CSVs alone
+    for p in (out / "plots").iterdir():
+        p.unlink()
+    (out / "report.html").unlink()
+    res = subprocess.run([*ccscope_cmd, "report", str(out)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert (out / "report.html").exists() and (out / "plots" / "cwnd.png").exists()
+
+
+def test_bufferbloat_large_queue_raises_rtt_under_load(ccscope_cmd, tmp_path, host):
+    out = tmp_path / "bb"
+    res = subprocess.run([*ccscope_cmd, "scenario", "bufferbloat", "--quick", "--no-verify", "--listen", "off",
+                          "--out", str(out)], capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0, res.stderr
+    doc = results.load(out)
+    rows = {r["profile"]: r for r in doc["summary"]}
+    small, large = rows["small-queue"], rows["large-queue"]
+    # 10 Mbit/s, 20 ms RTT: 20 packets of queue add ~24 ms, 100 packets ~120 ms
+    assert large["ping_p95_ms"]["mean"] > 2 * small["ping_p95_ms"]["mean"]
+    assert large["srtt_p95_ms"]["mean"] > 2 * small["srtt_p95_ms"]["mean"]
+    assert small["ping_p95_ms"]["mean"] > 20.0  # still above the base RTT: the queue is in use
+    for run in doc["runs"]:
+        assert run["downloads"], "short downloads ran"
+        assert all(d["algorithm_kernel"] == "cubic" for d in run["downloads"] if d["csv"])
+        assert any(d["complete"] for d in run["downloads"])
+
+
+def test_sigkill_then_cleanup_leaves_nothing(ccscope_cmd, tmp_path, host):
+    proc = subprocess.Popen([*ccscope_cmd, "scenario", "bufferbloat", "--quick", "--no-verify", "--listen", "off",
+                             "--out", str(tmp_path / "killed")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            if any(b"iperf3\x00-c" in _cmdline(pid) for pid in _pids()):
+                break  # traffic is flowing inside the namespaces
+            time.sleep(0.2)
+        assert proc.poll() is None, "the scenario ended before it could be killed"
+        time.sleep(1.0)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    res = subprocess.run([*ccscope_cmd, "cleanup"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert "removed" in res.stdout and "ccs-" in res.stdout
+    res = subprocess.run([*ccscope_cmd, "cleanup"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and "nothing to clean up" in res.stdout
+
+
+def _pids() -> list[int]:
+    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
