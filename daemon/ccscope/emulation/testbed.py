@@ -62,6 +62,8 @@ class VerifyResult:
 class Testbed:
     """Context manager; everything it creates is removed on exit, on exceptions, SIGINT and SIGTERM."""
 
+    __test__ = False  # not a pytest test class
+
     def __init__(self, profile: PathProfile, *, backend: str = "auto", run_id: str | None = None,
                  seed: int | None = None) -> None:
         if run_id is not None and not _RUN_ID.match(run_id):
