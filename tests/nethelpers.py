@@ -1,0 +1,251 @@
+"""Small namespace/veth helpers for the telemetry tests (no dependency on ccscope.emulation).
+
+Everything made here is named with the test process id, so parallel runs and other engineers' namespaces
+never collide, and `Link.close()` removes it all (call it from a finally or a fixture).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import re
+import socket
+import struct
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
+_counter = iter(range(1_000_000))
+
+# struct tcp_info (include/uapi/linux/tcp.h): 8 u8 fields, then u32 fields from byte 8.
+TCPI_RTT = 68           # tcpi_rtt, microseconds (srtt >> 3)
+TCPI_SND_CWND = 80      # tcpi_snd_cwnd, segments
+TCPI_TOTAL_RETRANS = 100
+TCPI_CA_STATE = 1
+TCPI_UNACKED = 24       # tcpi_unacked, segments
+
+
+def run(*cmd: str, check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, check=check, capture_output=True, text=True, timeout=timeout)
+
+
+def tcp_info(sock: socket.socket) -> dict[str, int]:
+    raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 232)
+    return {
+        "ca_state": raw[TCPI_CA_STATE],
+        "unacked": struct.unpack_from("I", raw, TCPI_UNACKED)[0],
+        "rtt_us": struct.unpack_from("I", raw, TCPI_RTT)[0],
+        "snd_cwnd": struct.unpack_from("I", raw, TCPI_SND_CWND)[0],
+        "total_retrans": struct.unpack_from("I", raw, TCPI_TOTAL_RETRANS)[0],
+    }
+
+
+@contextlib.contextmanager
+def in_netns(name: str) -> Iterator[None]:
+    """Switch this thread into a named namespace; sockets created inside stay in it after we leave."""
+    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    target = os.open(f"/run/netns/{name}", os.O_RDONLY)
+    try:
+        if _libc.setns(target, CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), f"setns {name}")
+        yield
+    finally:
+        _libc.setns(own, CLONE_NEWNET)
+        os.close(target)
+        os.close(own)
+
+
+def netns_inode(name: str) -> int:
+    return os.stat(f"/run/netns/{name}").st_ino
+
+
+@dataclass
+class Link:
+    """a -- r -- b: two end namespaces joined through a router namespace `r`.
+
+    The bottleneck (tbf) sits on r's egress towards b: on a's own egress TCP small queues would hold the sender
+    back before a queue ever overflowed, so there would be no losses to measure.
+    IPv4: a=NET.1/25 (gateway NET.126), b=NET.130/25 (gateway NET.129); IPv6: NET6:1::1/64 and NET6:2::2/64.
+    """
+
+    a: str
+    r: str
+    b: str
+    addr_a: str
+    addr_b: str
+    addr6_a: str | None = None
+    addr6_b: str | None = None
+    dev_r: str = "rb"  # r's device towards b, where the bottleneck goes
+    cleanups: list = field(default_factory=list)
+
+    @classmethod
+    def create(cls, net: str = "192.0.2", net6: str | None = None) -> Link:
+        """`net6` is a /48 prefix without the trailing '::', e.g. 'fd00:cc5:0'."""
+        tag = f"ccst{os.getpid()}x{next(_counter)}"
+        link = cls(a=f"{tag}a", r=f"{tag}r", b=f"{tag}b", addr_a=f"{net}.1", addr_b=f"{net}.130",
+                   addr6_a=f"{net6}:1::1" if net6 else None, addr6_b=f"{net6}:2::2" if net6 else None)
+        try:
+            link._setup(net, net6)
+        except BaseException:
+            link.close()
+            raise
+        return link
+
+    def _setup(self, net: str, net6: str | None) -> None:
+        for ns in (self.a, self.r, self.b):
+            run("ip", "netns", "add", ns)
+            self.cleanups.append(("ip", "netns", "del", ns))
+            run("ip", "-n", ns, "link", "set", "lo", "up")
+            # no duplicate address detection: link-local addresses would stay tentative (and routes dead) ~2 s
+            run("ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv6.conf.all.accept_dad=0",
+                "net.ipv6.conf.default.accept_dad=0")
+        run("ip", "netns", "exec", self.r, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+        run("ip", "-n", self.a, "link", "add", "ra", "type", "veth", "peer", "name", "ar", "netns", self.r)
+        run("ip", "-n", self.b, "link", "add", "rb_peer", "type", "veth", "peer", "name", self.dev_r,
+            "netns", self.r)
+        ends = ((self.a, "ra", f"{net}.1/25", f"{net}.126", f"{net6}:1::1", f"{net6}:1::fe"),
+                (self.b, "rb_peer", f"{net}.130/25", f"{net}.129", f"{net6}:2::2", f"{net6}:2::fe"))
+        router = ((self.r, "ar", f"{net}.126/25", f"{net6}:1::fe"), (self.r, self.dev_r, f"{net}.129/25",
+                                                                        f"{net6}:2::fe"))
+        if net6:
+            run("ip", "netns", "exec", self.r, "sysctl", "-qw", "net.ipv6.conf.all.forwarding=1")
+        for ns, dev, addr, addr6 in router:
+            run("ip", "-n", ns, "addr", "add", addr, "dev", dev)
+            if net6:
+                run("ip", "-n", ns, "addr", "add", f"{addr6}/64", "dev", dev, "nodad")
+            run("ip", "-n", ns, "link", "set", dev, "up")
+        for ns, dev, addr, gateway, addr6, gateway6 in ends:
+            run("ip", "-n", ns, "addr", "add", addr, "dev", dev)
+            if net6:
+                run("ip", "-n", ns, "addr", "add", f"{addr6}/64", "dev", dev, "nodad")
+            run("ip", "-n", ns, "link", "set", dev, "up")
+            run("ip", "-n", ns, "route", "add", "default", "via", gateway)
+            if net6:
+                run("ip", "-n", ns, "-6", "route", "add", "default", "via", gateway6)
+
+    def ns(self, name: str, *cmd: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
+        return run("ip", "netns", "exec", name, *cmd, check=check, timeout=timeout)
+
+    def popen(self, name: str, *cmd: str, **kwargs) -> subprocess.Popen:
+        return subprocess.Popen(["ip", "netns", "exec", name, *cmd], **kwargs)
+
+    def shape(self, rate: str = "30mbit", burst: str = "16kb", limit: str = "24kb") -> None:
+        """tbf on the router's egress to b: a bottleneck with a small queue, so a bulk flow overflows it."""
+        run("ip", "netns", "exec", self.r, "tc", "qdisc", "replace", "dev", self.dev_r, "root", "tbf",
+            "rate", rate, "burst", burst, "limit", limit)
+
+    def drop_randomly(self, port: int, probability: float) -> None:
+        """iptables xt_statistic on b's INPUT: random loss for one port (rule dies with the namespace)."""
+        run("ip", "netns", "exec", self.b, "iptables", "-A", "INPUT", "-p", "tcp", "--dport", str(port),
+            "-m", "statistic", "--mode", "random", "--probability", str(probability), "-j", "DROP")
+
+    @property
+    def inode_a(self) -> int:
+        return netns_inode(self.a)
+
+    @property
+    def inode_b(self) -> int:
+        return netns_inode(self.b)
+
+    def close(self) -> None:
+        for name in (self.a, self.r, self.b):
+            kill_netns_processes(name)
+        while self.cleanups:
+            run(*self.cleanups.pop(), check=False)
+
+
+def kill_netns_processes(name: str) -> None:
+    """`ip netns pids` then SIGKILL: leftovers of a failed test must not keep the namespace alive."""
+    pids = run("ip", "netns", "pids", name, check=False).stdout.split()
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(pid), 9)
+
+
+def wait_port(port: int, netns: str | None = None, timeout: float = 10.0) -> None:
+    """Until something listens on TCP `port` (in `netns`)."""
+    deadline = time.monotonic() + timeout
+    cmd = ["ss", "-Htln", f"sport = :{port}"]
+    if netns:
+        cmd = ["ip", "netns", "exec", netns, *cmd]
+    while time.monotonic() < deadline:
+        if run(*cmd, check=False).stdout.strip():
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"nothing listens on port {port}")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Sink:
+    """A TCP server that reads and discards everything, in a background thread."""
+
+    def __init__(self, family: int, addr: str, port: int, netns: str | None = None) -> None:
+        ctx = in_netns(netns) if netns else contextlib.nullcontext()
+        with ctx:
+            self.sock = socket.socket(family, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((addr, port))
+        self.sock.listen(1024)
+        self.conns: list[socket.socket] = []
+        self._stop = False
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+            threading.Thread(target=self._drain, args=(conn,), daemon=True).start()
+
+    @staticmethod
+    def _drain(conn: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while conn.recv(1 << 16):
+                pass
+        conn.close()
+
+    def close(self) -> None:
+        self._stop = True
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+        for conn in self.conns:
+            with contextlib.suppress(OSError):
+                conn.close()
+
+
+def connect(family: int, addr: str, port: int, netns: str | None = None, cc: str | None = None) -> socket.socket:
+    ctx = in_netns(netns) if netns else contextlib.nullcontext()
+    with ctx:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    if cc:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, cc.encode())
+    sock.connect((addr, port))
+    return sock
+
+
+def parse_metrics(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """Prometheus text format -> (name, labels, value); enough for our own exposition."""
+    samples = []
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        match = re.match(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$', line)
+        if not match:
+            raise ValueError(f"unparsable metrics line: {line!r}")
+        labels = dict(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"', match.group(2) or ""))
+        samples.append((match.group(1), labels, float(match.group(3))))
+    return samples

@@ -1,0 +1,552 @@
+"""The telemetry core against the real kernel: real flows through namespaces, cross-checked against iperf3 -J and
+TCP_INFO, and the CLI/daemon as a user runs them."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import require_bpf_object, require_root, require_tools
+from nethelpers import Link, Sink, connect, free_port, parse_metrics, tcp_info, wait_port
+
+SO_COOKIE = 57
+CCS = ("reno", "cubic", "bbr")
+
+
+@pytest.fixture(autouse=True)
+def _prerequisites() -> None:
+    require_root()
+    require_tools("ip", "tc", "iperf3", "iptables", "ss", "bpftool")
+    require_bpf_object()
+
+
+@pytest.fixture
+def link() -> Iterator[Link]:
+    made = Link.create("192.0.2", "fd00:cc5:0")
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+@pytest.fixture
+def link2() -> Iterator[Link]:
+    made = Link.create("198.51.100")
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+@pytest.fixture
+def probe():
+    from ccscope.loader import ProbeOptions, TelemetryProbe
+
+    # 100 us: the map then lags TCP_INFO by about one ACK, not by a 10 ms sampling step.
+    with TelemetryProbe(ProbeOptions(sample_interval_ns=100_000)) as loaded:
+        yield loaded
+
+
+def cookie_of(sock: socket.socket) -> int:
+    return struct.unpack("Q", sock.getsockopt(socket.SOL_SOCKET, SO_COOKIE, 8))[0]
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "ccscope.cli", *args]
+
+
+class Daemon:
+    """A real `ccscope daemon` subprocess, scraped over HTTP like Prometheus would."""
+
+    def __init__(self, *args: str) -> None:
+        self.port = free_port()
+        self.proc = subprocess.Popen(cli("daemon", "--listen", f"127.0.0.1:{self.port}", *args),
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        line = self.proc.stderr.readline()  # "serving ..." once attached, or the one-line error
+        if "serving" not in line:
+            self.stop()
+            raise AssertionError(f"daemon did not start: {line}{self.proc.stderr.read()}")
+
+    def scrape_text(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as resp:
+            return resp.read().decode()
+
+    def scrape(self) -> list[tuple[str, dict[str, str], float]]:
+        return parse_metrics(self.scrape_text())
+
+    def stop(self, sig: int = signal.SIGTERM) -> tuple[int, str]:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        return self.proc.returncode, self.proc.stderr.read()
+
+
+@contextlib.contextmanager
+def daemon(*args: str) -> Iterator[Daemon]:
+    running = Daemon(*args)
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+def values(samples, name: str, **labels: str) -> list[float]:
+    return [v for n, lab, v in samples if n == name and all(lab.get(k) == x for k, x in labels.items())]
+
+
+class Trickle:
+    """Live connections that exchange a few bytes every 20 ms, so tcp_probe keeps seeing them."""
+
+    def __init__(self) -> None:
+        self.socks: list[socket.socket] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def add(self, sock: socket.socket) -> socket.socket:
+        self.socks.append(sock)
+        return sock
+
+    def start(self) -> Trickle:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.02):
+            for sock in self.socks:
+                with contextlib.suppress(OSError):
+                    sock.send(b"x" * 100)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        for sock in self.socks:
+            sock.close()
+
+
+def wait_for(predicate, timeout: float = 10.0, step: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result or time.monotonic() > deadline:
+            return result
+        time.sleep(step)
+
+
+# --- a real bulk flow, cross-checked with iperf3 -J ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cc", CCS)
+def test_iperf3_flow_retransmits_and_algorithm_match(link: Link, probe, cc: str) -> None:
+    from ccscope.flows import decode
+
+    port = 5311 + CCS.index(cc)
+    link.shape(rate="30mbit", burst="16kb", limit="24kb")  # a small queue: a bulk flow overflows it
+    server = link.popen(link.b, "iperf3", "-s", "-1", "-p", str(port), stdout=subprocess.DEVNULL)
+    try:
+        wait_port(port, link.b)
+        out = link.ns(link.a, "iperf3", "-c", link.addr_b, "-p", str(port), "-t", "2", "-J", "-C", cc)
+        result = json.loads(out.stdout)
+    finally:
+        server.kill()
+        server.wait()
+
+    def closed_data_flow():
+        mine = [decode(f) for f in probe.read_flows() if f.netns == link.inode_a and f.dport == port]
+        data = max(mine, key=lambda f: f.bytes_acked, default=None)  # the control connection carries ~500 B
+        return data if data and data.closed_ns else None
+
+    flow = wait_for(closed_data_flow)
+    assert flow is not None, "the iperf3 data connection never reached a CLOSE record"
+    sent = result["end"]["sum_sent"]
+    assert result["end"]["sender_tcp_congestion"] == cc
+    assert flow.cc == cc
+    assert flow.src == link.addr_a and flow.dst == link.addr_b and flow.state == "close"
+    # The CLOSE record carries tcpi_total_retrans as of TCP_CLOSE. iperf3 reads it when its timer ends, while up to a
+    # send buffer of data is still queued: segments retransmitted while that drains count for us, not for iperf3
+    # (measured: 0-9 more, <= 3 %). Exact equality at a quiet moment is test_close_record_retransmits_exact.
+    assert sent["retransmits"] > 0  # the 24 KB queue overflows, else this check would be vacuous
+    assert sent["retransmits"] <= flow.retransmits <= sent["retransmits"] * 1.10 + 10, (
+        flow.retransmits, sent["retransmits"])
+    # Acked bytes lie between what the server read and what the client wrote (+ iperf3's 37-byte stream cookie);
+    # the server closes at the end of the test with data still in flight, so the two differ.
+    received = result["end"]["sum_received"]["bytes"]
+    assert received <= flow.bytes_acked <= sent["bytes"] + 64, (received, flow.bytes_acked, sent["bytes"])
+
+
+@pytest.mark.parametrize("cc", ["cubic"])
+def test_close_record_retransmits_exact(link: Link, probe, cc: str) -> None:
+    """Our own sender: everything acked, then TCP_INFO, then close; the CLOSE record must hold the same count."""
+    from ccscope.flows import decode
+
+    port = 5315
+    link.shape(rate="30mbit", burst="16kb", limit="24kb")
+    sink = Sink(socket.AF_INET, link.addr_b, port, link.b)
+    sock = connect(socket.AF_INET, link.addr_b, port, link.a, cc)
+    try:
+        cookie = cookie_of(sock)
+        sock.sendall(b"x" * (4 << 20))  # ~1.1 s at 30 Mbit/s
+        drained = wait_for(lambda: tcp_info(sock)["unacked"] == 0 and _outq(sock) == 0, 20, 0.01)
+        assert drained, "data never fully acknowledged"
+        info = tcp_info(sock)
+    finally:
+        sock.close()
+    try:
+        raw = wait_for(lambda: next((f for f in probe.read_flows() if f.cookie == cookie and f.closed_ns), None))
+        assert raw is not None, "no CLOSE record"
+        flow = decode(raw)
+        assert info["total_retrans"] > 0
+        assert flow.retransmits == info["total_retrans"]
+        assert flow.bytes_acked == (4 << 20) + 2  # SYN and FIN each take one sequence number
+        assert flow.cc == cc and flow.state == "close"
+    finally:
+        sink.close()
+
+
+def _outq(sock: socket.socket) -> int:
+    import fcntl
+    import termios
+
+    return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
+
+
+# --- cwnd and srtt against TCP_INFO read at the same moment --------------------------------------------------------
+
+# Tolerances. tcp_probe fires at the top of tcp_rcv_established(), before the incoming ACK is processed, and the
+# probe refreshes a flow at most every sample interval (100 us here). So the map holds the state from just before
+# the most recent ACK, while TCP_INFO already includes it:
+# - reno, cubic: cwnd moves by at most one segment per ACK in congestion avoidance, so 90 % of samples must be within
+#   max(1 segment, 10 %) (measured over 4x60 samples: p90 = 0, max 8 %); a sample that straddles the start of loss
+#   recovery sees one multiplicative decrease (reno 1/2, cubic 0.7), hence all samples within 50 %.
+# - bbr recomputes cwnd from its model on every ACK (and drops it to 4 segments in PROBE_RTT), so a one-ACK lag can
+#   be many segments (measured: median 0, p80 <= 11 %, p90 <= 25 %, max 47 %): median 0-5 %, 80 % within 25 %.
+# - srtt moves by 1/8 of one RTT sample per ACK; with BBR draining its queue an RTT sample can be far below srtt
+#   (measured over 5x60 samples per algorithm: p90 <= 3 % typically, once 10.6 % with bbr; max 6 %):
+#   90 % within 15 %, all within 40 %. Still catches any unit slip (srtt_us is stored << 3 by the kernel).
+CWND_TOL = {"reno": (0.90, 0.10, 0.50), "cubic": (0.90, 0.10, 0.50), "bbr": (0.80, 0.25, None)}
+SRTT_TOL = (0.90, 0.15, 0.40)
+SAMPLES = 60
+
+
+def _relative_miss(value: int, before: int, after: int, floor: int = 0) -> float:
+    """How far `value` lies outside [before, after] (TCP_INFO read just before and after the map)."""
+    low, high = min(before, after), max(before, after)
+    miss = max(0, low - value, value - high)
+    return 0.0 if miss <= floor else miss / max(high, 1)
+
+
+@pytest.mark.parametrize("cc", CCS)
+def test_cwnd_and_srtt_match_tcp_info(link: Link, probe, cc: str) -> None:
+    port = 5321 + CCS.index(cc)
+    link.shape(rate="30mbit", burst="16kb", limit="100kb")
+    sink = Sink(socket.AF_INET, link.addr_b, port, link.b)
+    sock = connect(socket.AF_INET, link.addr_b, port, link.a, cc)
+    stop = threading.Event()
+
+    def send() -> None:
+        block = b"x" * 65536
+        with contextlib.suppress(OSError):
+            while not stop.is_set():
+                sock.send(block)
+
+    sender = threading.Thread(target=send, daemon=True)
+    try:
+        cookie = cookie_of(sock)
+        sender.start()
+        time.sleep(0.5)  # past slow start
+        cwnd_miss, srtt_miss = [], []
+        for _ in range(SAMPLES):
+            before = tcp_info(sock)
+            flow = next(f for f in probe.read_flows() if f.cookie == cookie)
+            after = tcp_info(sock)
+            assert flow.ca_name.decode() == cc
+            # one segment of slack: the one-ACK lag described above
+            cwnd_miss.append(_relative_miss(flow.snd_cwnd, before["snd_cwnd"], after["snd_cwnd"], floor=1))
+            srtt_miss.append(_relative_miss(flow.srtt_us, before["rtt_us"], after["rtt_us"]))
+            time.sleep(0.02)
+    finally:
+        stop.set()
+        sock.close()
+        sender.join(timeout=5)
+        sink.close()
+    fraction, rel, worst = CWND_TOL[cc]
+    cwnd_miss.sort()
+    srtt_miss.sort()
+    assert statistics.median(cwnd_miss) <= 0.05, cwnd_miss
+    assert cwnd_miss[int(fraction * SAMPLES) - 1] <= rel, cwnd_miss
+    if worst is not None:
+        assert cwnd_miss[-1] <= worst, cwnd_miss
+    assert srtt_miss[int(SRTT_TOL[0] * SAMPLES) - 1] <= SRTT_TOL[1], srtt_miss
+    assert srtt_miss[-1] <= SRTT_TOL[2], srtt_miss
+
+
+# --- induced loss ---------------------------------------------------------------------------------------------------
+
+
+def test_induced_loss_raises_retransmits_and_moves_ca_state(link: Link) -> None:
+    port = 5331
+    link.shape(rate="30mbit", burst="16kb", limit="100kb")  # a few ms of queue, so recovery lasts several ms
+    link.drop_randomly(port, 0.02)
+    server = link.popen(link.b, "iperf3", "-s", "-1", "-p", str(port), stdout=subprocess.DEVNULL)
+    trace = None
+    try:
+        with daemon("--flows", "none") as running:
+            before = values(running.scrape(), "ccscope_tcp_retransmits_total", cc="reno")
+            trace = subprocess.Popen(cli("trace", "--json", "--port", str(port), "--sample-interval", "1ms",
+                                         "--duration", "20s"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True)
+            time.sleep(1.0)  # trace attached
+            wait_port(port, link.b)
+            out = link.ns(link.a, "iperf3", "-c", link.addr_b, "-p", str(port), "-t", "2", "-J", "-C", "reno")
+            after = values(running.scrape(), "ccscope_tcp_retransmits_total", cc="reno")
+            trace.send_signal(signal.SIGINT)
+            lines, err = trace.communicate(timeout=15)
+    finally:
+        server.kill()
+        server.wait()
+        if trace and trace.poll() is None:
+            trace.kill()
+            trace.wait()
+    iperf_retrans = json.loads(out.stdout)["end"]["sum_sent"]["retransmits"]
+    assert iperf_retrans > 0
+    assert after and after[0] - (before[0] if before else 0) >= 1
+    samples = [json.loads(line) for line in lines.splitlines()]
+    sender = [s for s in samples if s["dport"] == port and s["netns"] == link.inode_a and s["cc"] == "reno"]
+    assert sender, f"no trace samples of the sender: {err}"
+    states = {s["ca_state"] for s in sender}
+    assert states - {"open"}, f"ca_state never left open: {states}"
+    assert max(s["retransmits"] for s in sender) > 0
+    # counts are cumulative: the last sample of the flow has as many retransmits as iperf3 at most
+    assert max(s["retransmits"] for s in sender) <= iperf_retrans
+
+
+# --- IPv6 -----------------------------------------------------------------------------------------------------------
+
+
+def test_ipv6_flow_has_correct_addresses(link: Link, probe) -> None:
+    from ccscope.flows import decode
+
+    port = 5341
+    sink = Sink(socket.AF_INET6, link.addr6_b, port, link.b)
+    sock = connect(socket.AF_INET6, link.addr6_b, port, link.a)
+    try:
+        cookie = cookie_of(sock)
+        sport = sock.getsockname()[1]
+        for _ in range(20):
+            sock.send(b"x" * 10000)
+            time.sleep(0.01)
+        raw = wait_for(lambda: next((f for f in probe.read_flows() if f.cookie == cookie), None))
+        assert raw is not None
+        flow = decode(raw)
+        assert (flow.family, flow.src, flow.sport, flow.dst, flow.dport) == (
+            "ipv6", link.addr6_a, sport, link.addr6_b, port)
+        assert flow.name == f"[{link.addr6_a}]:{sport}->[{link.addr6_b}]:{port}"
+        assert flow.netns == link.inode_a
+        peer = [decode(f) for f in probe.read_flows() if f.netns == link.inode_b and f.dport == sport]
+        assert [(p.src, p.dst, p.family) for p in peer] == [(link.addr6_b, link.addr6_a, "ipv6")]
+    finally:
+        sock.close()
+        sink.close()
+
+
+# --- daemon: grace period, top-N, promtool, signals -----------------------------------------------------------------
+
+
+def test_closed_flow_series_vanish_after_grace(link: Link) -> None:
+    port = 5351
+    sink = Sink(socket.AF_INET, link.addr_b, port, link.b)
+    trickle = Trickle()
+    try:
+        with daemon("--grace", "1s", "--flows", "all", "--netns", str(link.inode_a)) as running:
+            sock = trickle.add(connect(socket.AF_INET, link.addr_b, port, link.a))
+            sport = str(sock.getsockname()[1])
+            trickle.start()
+            seen = wait_for(lambda: values(running.scrape(), "ccscope_flow_cwnd_segments", sport=sport), 5, 0.2)
+            assert len(seen) == 1
+            trickle.close()  # closes the socket: FIN, then TIME_WAIT -> TCP_CLOSE
+            time.sleep(2.5)  # grace 1s, plus the daemon's 0.5 s expiry tick and margin
+            samples = running.scrape()
+            assert values(samples, "ccscope_flow_cwnd_segments", sport=sport) == []
+            assert values(samples, "ccscope_flows_expired_total")[0] >= 1
+    finally:
+        trickle.close()
+        sink.close()
+
+
+def test_top_n_of_500_connections(link: Link) -> None:
+    port, count = 5361, 500
+    clients, servers = [], []
+    listener = None
+    try:
+        with daemon("--flows", "top:20", "--max-flows", "8192") as running:
+            from nethelpers import in_netns
+
+            with in_netns(link.a):
+                listener = socket.socket()
+            listener.bind(("127.0.0.1", port))
+            listener.listen(count)
+            for _ in range(count):
+                with in_netns(link.a):
+                    client = socket.socket()
+                client.connect(("127.0.0.1", port))
+                clients.append(client)
+                servers.append(listener.accept()[0])
+            # Data both ways: each socket receives a segment on an established connection, so tcp_probe sees it.
+            for round_ in range(2):
+                for client, server in zip(clients, servers, strict=True):
+                    client.sendall(b"q" * (100 + round_))
+                    server.sendall(b"r" * 100)
+                for client, server in zip(clients, servers, strict=True):
+                    server.recv(1000)
+                    client.recv(1000)
+            text = wait_for(lambda: (t := running.scrape_text()) and
+                            values(parse_metrics(t), "ccscope_tracked_flows")[0] >= 2 * count and t, 10, 0.2)
+            assert text, "the kernel flow map never held all 1000 sockets"
+            samples = parse_metrics(text)
+            assert len(values(samples, "ccscope_flow_cwnd_segments")) == 20
+            assert len(values(samples, "ccscope_flow_srtt_seconds")) == 20
+            assert values(samples, "ccscope_exported_flows") == [20.0]
+            assert values(samples, "ccscope_tracked_flows")[0] >= 500
+    finally:
+        for sock in clients + servers:
+            sock.close()
+        if listener:
+            listener.close()
+
+
+def test_metrics_pass_promtool(link: Link) -> None:
+    require_tools("promtool")
+    port = 5371
+    sink = Sink(socket.AF_INET, link.addr_b, port, link.b)
+    trickle = Trickle()
+    try:
+        with daemon("--flows", "all") as running:
+            trickle.add(connect(socket.AF_INET, link.addr_b, port, link.a, "cubic"))
+            trickle.start()
+            text = wait_for(lambda: (t := running.scrape_text()) and f'dport="{port}"' in t and t, 5, 0.2)
+            assert text
+    finally:
+        trickle.close()
+        sink.close()
+    check = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    samples = parse_metrics(text)
+    # the per-flow families, host aggregates and health metrics are all there
+    for name in ("ccscope_flow_cwnd_segments", "ccscope_tcp_srtt_seconds_bucket", "ccscope_tracked_flows",
+                 "ccscope_bpf_probe_events_total", "ccscope_tcp_flows_started_total", "ccscope_build_info"):
+        assert values(samples, name), name
+
+
+def _bpf_prog_ids(pid: int) -> set[int]:
+    ids = set()
+    for fd in Path(f"/proc/{pid}/fdinfo").iterdir():
+        with contextlib.suppress(OSError):
+            for line in fd.read_text().splitlines():
+                if line.startswith("prog_id:"):
+                    ids.add(int(line.split()[1]))
+    return ids
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_detaches_programs(sig: int) -> None:
+    running = Daemon()
+    try:
+        ids = _bpf_prog_ids(running.proc.pid)
+        progs = json.loads(subprocess.check_output(["bpftool", "prog", "show", "-j"]))
+        loaded = {p["id"]: p.get("name") for p in progs}
+        assert {loaded.get(i) for i in ids} >= {"tcp_probe", "tcp_retransmit_skb"}
+    finally:
+        code, err = running.stop(sig)
+    assert code == 0, err
+    assert "detached" in err and "Traceback" not in err
+    after = {p["id"] for p in json.loads(subprocess.check_output(["bpftool", "prog", "show", "-j"]))}
+    assert not ids & after
+
+
+# --- filters and the user-facing commands ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def two_live_flows(link: Link, link2: Link):
+    """One live flow on 192.0.2.0/24 (port 5381) and one on 198.51.100.0/24 (port 5382), each in own namespaces."""
+    sinks = [Sink(socket.AF_INET, link.addr_b, 5381, link.b), Sink(socket.AF_INET, link2.addr_b, 5382, link2.b)]
+    trickle = Trickle()
+    try:
+        first = trickle.add(connect(socket.AF_INET, link.addr_b, 5381, link.a))
+        second = trickle.add(connect(socket.AF_INET, link2.addr_b, 5382, link2.a))
+        trickle.start()
+        yield link, link2, first.getsockname()[1], second.getsockname()[1]
+    finally:
+        trickle.close()
+        for sink in sinks:
+            sink.close()
+
+
+def _flows_json(*args: str) -> list[dict]:
+    out = subprocess.run(cli("flows", "--once", "--json", "--interval", "0.5s", *args),
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_filters_select_the_right_flows(two_live_flows) -> None:
+    link, link2, sport1, sport2 = two_live_flows
+    by_port = _flows_json("--port", "5381", "--limit", "1000")
+    assert all(5381 in (f["sport"], f["dport"]) for f in by_port)
+    keys = {(f["netns"], f["sport"], f["dport"]) for f in by_port}
+    assert {(link.inode_a, sport1, 5381), (link.inode_b, 5381, sport1)} <= keys
+    assert not any(f["netns"] in (link2.inode_a, link2.inode_b) for f in by_port)
+
+    by_cidr = _flows_json("--cidr", "198.51.100.0/24", "--limit", "1000")
+    assert all(f["src"].startswith("198.51.100.") or f["dst"].startswith("198.51.100.") for f in by_cidr)
+    keys = {(f["netns"], f["sport"], f["dport"]) for f in by_cidr}
+    assert (link2.inode_a, sport2, 5382) in keys
+    assert not any(f["netns"] in (link.inode_a, link.inode_b) for f in by_cidr)
+
+    by_netns = _flows_json("--netns", str(link.inode_a))
+    assert [(f["netns"], f["src"], f["sport"], f["dst"], f["dport"]) for f in by_netns] == [
+        (link.inode_a, link.addr_a, sport1, link.addr_b, 5381)]
+
+
+def test_trace_json_prints_count_lines(two_live_flows) -> None:
+    _, _, sport1, _ = two_live_flows
+    out = subprocess.run(cli("trace", "--json", "--count", "7", "--port", str(sport1)),
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert len(lines) == 7
+    for line in lines:
+        sample = json.loads(line)
+        assert sample["event"] in ("probe", "close")
+        assert sport1 in (sample["sport"], sample["dport"])
+        assert sample["cwnd_segments"] >= 1 and sample["srtt_s"] > 0 and sample["time"] > 0
+
+
+def test_flows_once_table_shows_live_flow(two_live_flows) -> None:
+    link, _, sport1, _ = two_live_flows
+    out = subprocess.run(cli("flows", "--once", "--interval", "0.5s", "--netns", str(link.inode_a)),
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("1 flows, sorted by bytes")
+    assert lines[1].split()[:3] == ["FLOW", "NETNS", "CC"]
+    row = lines[2].split()
+    assert row[0] == f"{link.addr_a}:{sport1}->{link.addr_b}:5381"
+    assert row[1] == str(link.inode_a)
+    assert len(lines) == 3
+
