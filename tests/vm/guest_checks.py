@@ -339,12 +339,35 @@ def check_netem(probe: Probe) -> dict:
     }
 
 
+def check_engine(probe: Probe) -> dict:
+    """ccscope's own emulation on this kernel: it should pick netem, and take vegas and westwood."""
+    from ccscope.emulation.backends import probe_backends
+    from ccscope.emulation.profile import PathProfile
+    from ccscope.emulation.testbed import Testbed
+
+    caps = probe_backends()
+    profile = PathProfile.from_dict("lab", {"rate": "20mbit", "delay": "10ms", "up": {"loss": "1%"}}, "lab")
+    out: dict = {"qdiscs": sorted(caps.qdiscs), "nfqueue": caps.nfqueue}
+    with Testbed(profile) as tb:
+        out["backend"] = tb.backend
+        out["installed"] = json.loads(json.dumps(tb.installed, default=str))
+        out["algorithms"] = {}
+        for algorithm in ("vegas", "westwood"):
+            tb.set_algorithm(algorithm)
+            out["algorithms"][algorithm] = sh("ip", "netns", "exec", tb.sender_ns, "sysctl", "-n",
+                                              "net.ipv4.tcp_congestion_control").strip()
+        out["ping_rtts_s"] = tb.ping_rtts(count=5)
+        out["link_stats"] = tb.link_stats()
+    return out
+
+
 CHECKS: dict[str, Callable[[Probe], dict]] = {
     "kernel": check_kernel,
     "core": check_core,
     "netns_cc": check_netns_cc,
     "fq_bbr": check_fq_bbr,
     "netem": check_netem,
+    "engine": check_engine,
 }
 
 

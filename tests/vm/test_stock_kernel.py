@@ -127,3 +127,17 @@ def test_telemetry_sees_netem_delay_and_loss(guest: dict) -> None:
     assert netem["delay50"]["telemetry"]["srtt_us"] >= 45_000
     assert netem["plain"]["telemetry"]["srtt_us"] < netem["delay50"]["telemetry"]["srtt_us"]
     assert netem["loss2"]["telemetry"]["total_retrans"] > 0
+
+
+def test_emulation_picks_the_netem_backend(guest: dict) -> None:
+    engine = check(guest, "engine")
+    assert {"netem", "tbf", "fq"} <= set(engine["qdiscs"])
+    assert engine["backend"] == "netem"
+    assert any(q.startswith("netem") for q in engine["installed"]["up"]["qdiscs"])
+    # 10 ms each way through netem: the RTT moves up from the sub-millisecond veth baseline.
+    assert min(engine["ping_rtts_s"]) >= 0.018
+
+
+def test_emulation_namespaces_take_vegas_and_westwood(guest: dict) -> None:
+    engine = check(guest, "engine")
+    assert engine["algorithms"] == {"vegas": "vegas", "westwood": "westwood"}

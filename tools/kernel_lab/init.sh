@@ -30,6 +30,7 @@ P9="trans=virtio,version=9p2000.L,msize=512000"
 mkdir -p /ctl "$NEW"
 mount -t 9p -o "$P9,rw,cache=none" klabctl /ctl || die "cannot mount the control share"
 . /ctl/config.sh || die "cannot read /ctl/config.sh"
+. /etc/klab.conf
 
 # cache=loose: the host root does not change under a short run, and 9p without it is very slow.
 mount -t 9p -o "$P9,ro,cache=loose" hostroot "$NEW" || die "cannot mount the host root over 9p"
@@ -47,6 +48,11 @@ mount -t tracefs tracefs "$NEW/sys/kernel/tracing" 2>/dev/null
 mount -t debugfs debugfs "$NEW/sys/kernel/debug" 2>/dev/null
 mount -t bpf bpf "$NEW/sys/fs/bpf" 2>/dev/null
 mount -t cgroup2 cgroup2 "$NEW/sys/fs/cgroup" 2>/dev/null
+
+# /boot/config-$(uname -r) for code that reads the kernel config (the host's /boot is for its own kernel).
+if mount -t tmpfs -o mode=755 tmpfs "$NEW/boot" 2>/dev/null; then
+    cp "$NEW$KLAB_MODROOT/boot/config-"* "$NEW$KLAB_MODROOT/boot/System.map-"* "$NEW/boot/" 2>/dev/null
+fi
 
 mkdir -p "$NEW$CTL_MNT"
 mount --move /ctl "$NEW$CTL_MNT" || die "cannot move the control share"
