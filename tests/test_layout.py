@@ -1,0 +1,81 @@
+"""The ctypes mirrors (bpf_types.SHARED_STRUCTS) match the compiled object's BTF: sizes, member names, offsets."""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import subprocess
+
+import pytest
+from ccscope import bpf_types as bt
+from conftest import ROOT, require_bpf_object, require_tools
+
+_TYPE = re.compile(r"^\[(\d+)\] (\w+) '([^']*)'(.*)$")
+_MEMBER = re.compile(r"^\s+'([^']*)' type_id=(\d+) bits_offset=(\d+)(?: bitfield_size=(\d+))?$")
+
+
+def _btf_types() -> dict[int, dict]:
+    """`bpftool btf dump format raw` -> {type id: {kind, name, attrs, members}}."""
+    require_tools("bpftool")
+    require_bpf_object()
+    from ccscope.loader import object_path
+
+    out = subprocess.run(["bpftool", "btf", "dump", "file", str(object_path()), "format", "raw"],
+                         capture_output=True, text=True, check=True).stdout
+    types: dict[int, dict] = {}
+    current = None
+    for line in out.splitlines():
+        if match := _TYPE.match(line):
+            attrs = dict(re.findall(r"(\w+)=(\S+)", match.group(4)))
+            current = {"kind": match.group(2), "name": match.group(3), "attrs": attrs, "members": []}
+            types[int(match.group(1))] = current
+        elif (match := _MEMBER.match(line)) and current is not None:
+            name, type_id, bits, bitfield = match.groups()
+            current["members"].append((name, int(type_id), int(bits), bitfield))
+    return types
+
+
+def _size(types: dict[int, dict], type_id: int) -> int:
+    entry = types[type_id]
+    kind = entry["kind"]
+    if kind in ("TYPEDEF", "CONST", "VOLATILE", "RESTRICT", "TYPE_TAG"):
+        return _size(types, int(entry["attrs"]["type_id"]))
+    if kind == "ARRAY":
+        return _size(types, int(entry["attrs"]["type_id"])) * int(entry["attrs"]["nr_elems"])
+    return int(entry["attrs"]["size"])
+
+
+@pytest.fixture(scope="module")
+def btf_structs() -> dict[str, tuple[dict, dict]]:
+    types = _btf_types()
+    return {t["name"]: (t, types) for t in types.values() if t["kind"] == "STRUCT"}
+
+
+@pytest.mark.parametrize("name", sorted(bt.SHARED_STRUCTS))
+def test_struct_matches_btf(btf_structs, name: str) -> None:
+    mirror = bt.SHARED_STRUCTS[name]
+    assert name in btf_structs, f"struct {name} is not in the object's BTF"
+    struct, types = btf_structs[name]
+    assert ctypes.sizeof(mirror) == int(struct["attrs"]["size"])
+    assert not [m for m in struct["members"] if m[3] is not None], "bitfields in a shared struct"
+    btf_members = [(m, bits // 8, _size(types, tid)) for m, tid, bits, _ in struct["members"]]
+    py_members = [(f[0], getattr(mirror, f[0]).offset, getattr(mirror, f[0]).size) for f in mirror._fields_]
+    assert py_members == btf_members
+
+
+def test_every_struct_of_the_header_is_mirrored() -> None:
+    header = (ROOT / "bpf" / "ccscope.h").read_text()
+    assert set(re.findall(r"^struct (\w+) \{", header, re.M)) == set(bt.SHARED_STRUCTS)
+
+
+def test_constants_and_enums_match_header() -> None:
+    header = (ROOT / "bpf" / "ccscope.h").read_text()
+    defines = dict(re.findall(r"^#define (CCSCOPE_\w+) (\d+)", header, re.M))
+    assert int(defines["CCSCOPE_CA_NAME_LEN"]) == bt.CA_NAME_LEN
+    assert int(defines["CCSCOPE_HIST_SLOTS"]) == bt.HIST_SLOTS
+    enums = {k: int(v) for k, v in re.findall(r"^\s*(CCSCOPE_\w+) = (\d+),", header, re.M)}
+    for prefix, enum in (("CCSCOPE_EV_", bt.Event), ("CCSCOPE_HIST_", bt.HistKind), ("CCSCOPE_CNT_", bt.Counter)):
+        declared = {k.removeprefix(prefix): v for k, v in enums.items()
+                    if k.startswith(prefix) and k != "CCSCOPE_CNT_MAX"}
+        assert declared == {m.name: m.value for m in enum}, prefix
+    assert enums["CCSCOPE_CNT_MAX"] == bt.COUNTER_SLOTS

@@ -1,0 +1,207 @@
+"""Pure userspace logic: decoding kernel records, unit conversion, flag parsing, selection and formatting."""
+
+from __future__ import annotations
+
+import ipaddress
+import itertools
+import json
+import socket
+
+import pytest
+from ccscope import bpf_types as bt
+from ccscope.cli import FLOW_COLUMNS, _bytes, _rate, _trace_line, format_flows
+from ccscope.errors import UsageError
+from ccscope.exporter import histogram_buckets
+from ccscope.flows import FlowFilter, FlowSelection, decode
+from ccscope.units import parse_duration, parse_listen
+
+
+def raw_flow(**fields) -> bt.Flow:
+    """A kernel record as tcp_probe would write it: a cubic IPv4 flow in congestion avoidance."""
+    values = dict(cookie=42, netns=4026531840, family=socket.AF_INET, sport=40000, dport=5201, ca_state=0,
+                  sk_state=1, event=1, snd_cwnd=20, snd_ssthresh=14, srtt_us=12_500, rttvar_us=700,
+                  min_rtt_us=10_000, mss_cache=1448, packets_out=18, retrans_out=1, lost_out=2, sacked_out=3,
+                  total_retrans=7, lost=9, rate_delivered=10, rate_interval_us=2_000, bytes_acked=1_000_000,
+                  bytes_received=500, bytes_sent=1_010_000, pacing_rate=3_000_000, first_ns=1, last_ns=2,
+                  ca_name=b"cubic")
+    values.update(fields)
+    flow = bt.Flow()
+    for name in ("saddr", "daddr"):
+        addr = values.pop(name, None)
+        if addr is not None:
+            packed = ipaddress.ip_address(addr).packed
+            getattr(flow, name)[: len(packed)] = list(packed)
+    for name, value in values.items():
+        setattr(flow, name, value)
+    return flow
+
+
+def test_decode_ipv4_units_and_derived_values() -> None:
+    flow = decode(raw_flow(saddr="192.0.2.1", daddr="198.51.100.7"))
+    assert (flow.family, flow.src, flow.dst, flow.name) == ("ipv4", "192.0.2.1", "198.51.100.7",
+                                                            "192.0.2.1:40000->198.51.100.7:5201")
+    assert flow.srtt_s == pytest.approx(0.0125)
+    assert flow.rttvar_s == pytest.approx(0.0007)
+    assert flow.min_rtt_s == pytest.approx(0.010)
+    assert flow.queueing_delay_s == pytest.approx(0.0025)
+    # tcp_packets_in_flight(): packets_out - (sacked_out + lost_out) + retrans_out
+    assert flow.packets_in_flight == 18 - 3 - 2 + 1
+    # tcp_get_info(): rate_delivered * mss * 1e6 / rate_interval_us
+    assert flow.delivery_rate_Bps == pytest.approx(10 * 1448 * 1e6 / 2000)
+    assert flow.pacing_rate_Bps == 3_000_000.0
+    assert (flow.cc, flow.ca_state, flow.state) == ("cubic", "open", "established")
+    assert (flow.retransmits, flow.lost_packets, flow.cwnd_segments, flow.ssthresh_segments) == (7, 9, 20, 14)
+    assert flow.bytes_total == 1_000_500
+
+
+def test_decode_ipv6_and_v4_mapped() -> None:
+    v6 = decode(raw_flow(family=socket.AF_INET6, saddr="fd00:cc5::1", daddr="fd00:cc5::2"))
+    assert (v6.family, v6.src, v6.dst) == ("ipv6", "fd00:cc5::1", "fd00:cc5::2")
+    assert v6.name == "[fd00:cc5::1]:40000->[fd00:cc5::2]:5201"
+    mapped = decode(raw_flow(family=socket.AF_INET6, saddr="::ffff:192.0.2.9", daddr="::ffff:192.0.2.10"))
+    assert (mapped.src, mapped.dst) == ("192.0.2.9", "192.0.2.10")
+
+
+@pytest.mark.parametrize("state, name", [(0, "open"), (1, "disorder"), (2, "cwr"), (3, "recovery"), (4, "loss"),
+                                         (9, "9")])
+def test_decode_ca_states(state: int, name: str) -> None:
+    assert decode(raw_flow(ca_state=state)).ca_state == name
+
+
+def test_decode_sentinels() -> None:
+    flow = decode(raw_flow(snd_ssthresh=0x7FFFFFFF, min_rtt_us=0xFFFFFFFF, pacing_rate=(1 << 64) - 1,
+                           rate_interval_us=0, sk_state=7, ca_name=b"", packets_out=0, retrans_out=0))
+    assert flow.ssthresh_segments is None  # still in initial slow start
+    assert flow.min_rtt_s is None and flow.queueing_delay_s == 0.0
+    assert flow.pacing_rate_Bps is None
+    assert flow.delivery_rate_Bps == 0.0
+    assert flow.packets_in_flight == 0  # never negative
+    assert (flow.state, flow.cc) == ("close", "unknown")
+
+
+def test_as_dict_is_json() -> None:
+    data = json.loads(json.dumps(decode(raw_flow(saddr="192.0.2.1", daddr="192.0.2.2")).as_dict()))
+    assert data["flow"] == "192.0.2.1:40000->192.0.2.2:5201"
+    assert data["queueing_delay_s"] == pytest.approx(0.0025)
+    assert data["cwnd_segments"] == 20
+
+
+@pytest.mark.parametrize("text, seconds", [("10ms", 0.01), ("2s", 2.0), ("1m", 60.0), ("1h", 3600.0),
+                                           ("250us", 0.00025), ("1.5", 1.5), (" 3 s ", 3.0), (".5s", 0.5)])
+def test_parse_duration(text: str, seconds: float) -> None:
+    assert parse_duration("--x", text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["-1", "", "ten", "10 parsecs", "1e3", "ms"])
+def test_parse_duration_rejects(text: str) -> None:
+    with pytest.raises(UsageError, match="--x"):
+        parse_duration("--x", text)
+
+
+def test_parse_duration_range() -> None:
+    with pytest.raises(UsageError, match="out of range"):
+        parse_duration("--sample-interval", "20s", 0.0001, 10.0)
+    with pytest.raises(UsageError, match="out of range"):
+        parse_duration("--sample-interval", "10us", 0.0001, 10.0)
+
+
+@pytest.mark.parametrize("text, expected", [("127.0.0.1:9977", ("127.0.0.1", 9977)), (":9977", ("0.0.0.0", 9977)),
+                                            ("[::1]:80", ("::1", 80)), ("host.example:1", ("host.example", 1))])
+def test_parse_listen(text: str, expected: tuple[str, int]) -> None:
+    assert parse_listen(text) == expected
+
+
+@pytest.mark.parametrize("text", ["garbage", "127.0.0.1", "127.0.0.1:0", "127.0.0.1:65536", "1.2.3.4:http", ""])
+def test_parse_listen_rejects(text: str) -> None:
+    with pytest.raises(UsageError, match="--listen"):
+        parse_listen(text)
+
+
+def test_flow_selection() -> None:
+    flows = [decode(raw_flow(cookie=i, bytes_acked=i * 100, bytes_received=0)) for i in range(10)]
+    assert [f.cookie for f in FlowSelection.parse("top:3").pick(flows)] == [9, 8, 7]
+    assert len(FlowSelection.parse("all").pick(flows)) == 10
+    assert FlowSelection.parse("none").pick(flows) == []
+    assert len(FlowSelection.parse("top:50").pick(flows)) == 10
+
+
+@pytest.mark.parametrize("text", ["top:0", "top:-1", "top:x", "top:", "some", "top:100001"])
+def test_flow_selection_rejects(text: str) -> None:
+    with pytest.raises(UsageError, match="--flows"):
+        FlowSelection.parse(text)
+
+
+def test_flow_filter() -> None:
+    a = decode(raw_flow(netns=1, sport=1000, dport=80, saddr="192.0.2.1", daddr="192.0.2.2"))
+    b = decode(raw_flow(netns=2, sport=2000, dport=443, family=socket.AF_INET6, saddr="fd00:cc5::1",
+                        daddr="fd00:cc5::2"))
+    cases = {
+        (): {a, b},
+        (("netns", "2"),): {b},
+        (("ports", "80"),): {a},
+        (("ports", "1000"),): {a},
+        (("cidrs", "192.0.2.0/24"),): {a},
+        (("cidrs", "fd00:cc5::/48"),): {b},
+        (("cidrs", "192.0.2.2"),): {a},
+        (("cidrs", "198.51.100.0/24"),): set(),
+        (("ports", "443"), ("netns", "1")): set(),
+    }
+    for spec, expected in cases.items():
+        kwargs: dict[str, list[str]] = {}
+        for key, value in spec:
+            kwargs.setdefault(key, []).append(value)
+        chosen = FlowFilter.parse(**kwargs)
+        assert {f for f in (a, b) if chosen.matches(f)} == expected, spec
+
+
+@pytest.mark.parametrize("kwargs, flag", [({"ports": ["0"]}, "--port"), ({"ports": ["http"]}, "--port"),
+                                          ({"netns": ["-1"]}, "--netns"), ({"cidrs": ["10.0.0.0/33"]}, "--cidr"),
+                                          ({"cidrs": ["nope"]}, "--cidr")])
+def test_flow_filter_rejects(kwargs: dict, flag: str) -> None:
+    with pytest.raises(UsageError, match=flag):
+        FlowFilter.parse(**kwargs)
+
+
+def test_histogram_buckets_cumulative_in_seconds() -> None:
+    hist = bt.Hist()
+    hist.slots[0] = 1      # [0, 2) us
+    hist.slots[10] = 5     # [1024, 2048) us
+    hist.slots[27] = 2     # overflow slot -> only in +Inf
+    buckets = histogram_buckets(hist)
+    assert len(buckets) == bt.HIST_SLOTS
+    assert buckets[0] == (repr(2e-6), 1)
+    assert dict(buckets)[repr(2048 / 1e6)] == 6
+    assert buckets[-2][1] == 6
+    assert buckets[-1] == ("+Inf", 8)
+    assert all(x[1] <= y[1] for x, y in itertools.pairwise(buckets))
+
+
+@pytest.mark.parametrize("value, text", [(None, "-"), (125_000, "1.0Mb"), (1.25e8, "1.0Gb"), (100, "800b"),
+                                         (1250, "10.0kb")])
+def test_rate_format(value, text: str) -> None:
+    assert _rate(value) == text
+
+
+@pytest.mark.parametrize("value, text", [(512, "512"), (2048, "2.0K"), (3 << 20, "3.0M"), (5 << 30, "5.0G")])
+def test_bytes_format(value: int, text: str) -> None:
+    assert _bytes(value) == text
+
+
+def test_format_flows_table() -> None:
+    flow = decode(raw_flow(saddr="192.0.2.1", daddr="192.0.2.2"))
+    lines = format_flows([flow]).splitlines()
+    assert lines[0].split() == [title for title, _, _ in FLOW_COLUMNS]
+    row = lines[1].split()
+    assert row[0] == "192.0.2.1:40000->192.0.2.2:5201"
+    assert row[2:8] == ["cubic", "open", "20", "14", "12.50ms", "10.00ms"]
+    assert row[-1] == "7"
+
+
+def test_trace_line_json_and_text() -> None:
+    flow = decode(raw_flow(saddr="192.0.2.1", daddr="192.0.2.2", last_ns=5_000_000_000, event=3, closed_ns=9))
+    data = json.loads(_trace_line(flow, 1000.0, as_json=True))
+    assert data["time"] == pytest.approx(1005.0)
+    assert data["event"] == "close"
+    assert data["srtt_s"] == pytest.approx(0.0125)
+    text = _trace_line(flow, 1000.0, as_json=False)
+    assert "192.0.2.1:40000->192.0.2.2:5201 cubic cwnd=20 srtt=12.50ms retrans=7 open CLOSED" in text
