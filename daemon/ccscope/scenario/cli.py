@@ -36,6 +36,8 @@ def register(sub) -> None:
     rp.set_defaults(func=cmd_report)
 
     cl = sub.add_parser("cleanup", help="remove namespaces, qdiscs, rules and sysctls a killed run left behind")
+    cl.add_argument("--all", action="store_true",
+                    help="also tear down runs whose ccscope process is still alive (default: only dead ones)")
     cl.set_defaults(func=cmd_cleanup)
 
 
@@ -128,7 +130,7 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
                                 "run with sudo")
     from ccscope.emulation import cleanup_all
 
-    removed = cleanup_all()
+    removed = cleanup_all(include_live=args.all)
     for item in removed:
         print(f"removed {item}")
     if not removed:
