@@ -1,0 +1,180 @@
+"""Bad flags and missing prerequisites: one line `ccscope: error: ...` on stderr, the exit code of errors.py, no
+traceback. Every case runs the real CLI in a subprocess, the way a user meets it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from ccscope import check
+from ccscope.errors import BpfError, PrerequisiteError, UsageError
+from conftest import require, require_bpf_object, require_root, require_tools
+
+USAGE, PREREQ, BPF = UsageError.exit_code, PrerequisiteError.exit_code, BpfError.exit_code
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    return subprocess.run([*prefix, sys.executable, "-m", "ccscope.cli", *args], capture_output=True, text=True,
+                          timeout=30, env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL)
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, code: int, *needles: str) -> str:
+    err = result.stderr
+    assert "Traceback" not in err and "Traceback" not in result.stdout, err
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("ccscope: error: "), err
+    assert result.returncode == code, (result.returncode, err)
+    for needle in needles:
+        assert needle in lines[0], (needle, err)
+    return lines[0]
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["daemon", "--listen", "garbage"], "--listen 'garbage'"),
+    (["daemon", "--listen", "127.0.0.1:99999"], "--listen"),
+    (["daemon", "--flows", "top:0"], "--flows top:N 0"),
+    (["daemon", "--flows", "bottom:3"], "--flows"),
+    (["daemon", "--sample-interval", "-1"], "--sample-interval '-1'"),
+    (["daemon", "--sample-interval", "1h"], "--sample-interval 1h is out of range"),
+    (["daemon", "--grace", "soon"], "--grace"),
+    (["daemon", "--max-flows", "1"], "--max-flows 1"),
+    (["daemon", "--tls-cert", "/x.pem"], "--tls-cert and --tls-key"),
+    (["daemon", "--basic-auth-file", "/nonexistent/users"], "--basic-auth-file"),
+    (["daemon", "--bogus"], "unrecognized arguments: --bogus"),
+    (["daemon", "--port", "0"], "--port 0"),
+    (["flows", "--cidr", "10.0.0.0/99"], "--cidr"),
+    (["flows", "--netns", "abc"], "--netns 'abc'"),
+    (["flows", "--sort", "nothing"], "--sort"),
+    (["flows", "--interval", "1ms"], "--interval"),
+    (["trace", "--count", "0"], "--count"),
+    (["trace", "--duration", "forever"], "--duration"),
+    ([], "missing COMMAND"),
+    (["frobnicate"], "frobnicate"),
+])
+def test_bad_flags(args: list[str], needle: str) -> None:
+    assert_one_line_error(run_cli(*args), USAGE, needle)
+
+
+def test_port_in_use() -> None:
+    require_root()
+    require_bpf_object()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_cli("daemon", "--listen", f"127.0.0.1:{port}")
+    assert_one_line_error(result, PREREQ, f"port {port} on 127.0.0.1 is already in use")
+
+
+def test_not_root() -> None:
+    require_tools("setpriv")
+    require(os.geteuid() == 0, "needs root to drop to nobody")
+    result = run_cli("daemon", prefix=("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"))
+    assert_one_line_error(result, PREREQ, "not allowed to load BPF programs", "CAP_BPF")
+
+
+def test_capabilities_only_without_bpf_caps() -> None:
+    """Root without CAP_SYS_ADMIN/CAP_BPF/CAP_PERFMON (e.g. an unprivileged container) gets the same message."""
+    require_tools("setpriv")
+    require(os.geteuid() == 0, "needs root to drop capabilities")
+    drop = "-sys_admin,-bpf,-perfmon"
+    result = run_cli("flows", "--once", prefix=("setpriv", f"--inh-caps={drop}", f"--bounding-set={drop}"))
+    assert_one_line_error(result, PREREQ, "not allowed to load BPF programs")
+
+
+def test_btf_missing() -> None:
+    require_root()
+    result = run_cli("daemon", env={"CCSCOPE_BTF": "/nonexistent/vmlinux"})
+    assert_one_line_error(result, PREREQ, "kernel BTF not found at /nonexistent/vmlinux", "CCSCOPE_BTF")
+
+
+def test_bpf_object_missing() -> None:
+    require_root()
+    result = run_cli("trace", env={"CCSCOPE_BPF_OBJECT": "/nonexistent/ccscope.bpf.o"})
+    assert_one_line_error(result, PREREQ, "BPF object missing at /nonexistent/ccscope.bpf.o", "make bpf")
+
+
+def test_bpf_object_garbage(tmp_path: Path) -> None:
+    require_root()
+    bogus = tmp_path / "ccscope.bpf.o"
+    bogus.write_bytes(b"\x7fELF not really")
+    result = run_cli("daemon", env={"CCSCOPE_BPF_OBJECT": str(bogus)})
+    assert_one_line_error(result, BPF, "cannot open BPF object")
+
+
+def _libbpf_file() -> str:
+    """The file libbpf.so.1 resolves to, found the way the loader finds it."""
+    import ctypes
+
+    ctypes.CDLL("libbpf.so.1")
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        if "libbpf.so" in line:
+            return line.split()[-1]
+    raise AssertionError("libbpf.so.1 loaded but not mapped")
+
+
+def test_libbpf_missing(tmp_path: Path) -> None:
+    """libbpf hidden inside a private mount namespace: an empty file bind-mounted over it (gone with the process)."""
+    require_root()
+    require_tools("unshare", "mount")
+    empty = tmp_path / "empty.so"
+    empty.write_bytes(b"")
+    hide = f"mount --bind {empty} {_libbpf_file()} && exec \"$@\""
+    result = run_cli("daemon", prefix=("unshare", "--mount", "--propagation", "private", "sh", "-c", hide, "sh"))
+    assert_one_line_error(result, PREREQ, "libbpf is not installed", "apt-get install libbpf1")
+
+
+def test_kernel_btf_without_our_tracepoints(tmp_path: Path) -> None:
+    """A kernel whose BTF lacks the btf_trace_* typedefs: `check` names what is missing, the daemon fails in one
+    line (libbpf cannot resolve the attach targets)."""
+    require_root()
+    require_bpf_object()
+    fake = tmp_path / "vmlinux"
+    fake.write_bytes(b"\x9f\xeb\x01\x00" + b"\0" * 64 + b"btf_trace_tcp_probe\0")
+    result = check.check_tracepoints(str(fake))
+    assert result.failed
+    assert result.detail.startswith("missing in this kernel: tcp_retransmit_skb, inet_sock_set_state")
+    assert "tcp_probe," not in result.detail
+    assert check.check_tracepoints(str(tmp_path / "none")).failed
+    real = check.check_tracepoints()
+    require(not real.failed, "this kernel lacks the tracepoints")
+    assert real.detail == "tcp_probe, tcp_retransmit_skb, inet_sock_set_state"
+
+    checked = run_cli("check", env={"CCSCOPE_BTF": str(fake)})
+    assert checked.returncode == PREREQ and "Traceback" not in checked.stderr
+    assert any(line.startswith("tracepoints") and "FAIL" in line for line in checked.stdout.splitlines())
+    assert checked.stderr.strip().startswith("ccscope: cannot run here:")
+    assert_one_line_error(run_cli("daemon", env={"CCSCOPE_BTF": str(fake)}), BPF, "kernel rejected the BPF programs")
+
+
+def test_check_passes_here() -> None:
+    require_root()
+    require_bpf_object()
+    result = run_cli("check")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "load and attach" in result.stdout and "FAIL" not in result.stdout
+
+
+def test_interrupted_trace_has_no_traceback() -> None:
+    """SIGINT during a trace: exit 0, nothing but the samples."""
+    require_root()
+    require_bpf_object()
+    proc = subprocess.Popen([sys.executable, "-m", "ccscope.cli", "trace", "--port", "1"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=1.5)  # loaded and polling
+        assert proc.poll() is None, proc.stderr.read()
+        proc.send_signal(2)
+        out, err = proc.communicate(timeout=15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0 and "Traceback" not in err and out == "", err
