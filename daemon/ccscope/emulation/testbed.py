@@ -308,8 +308,17 @@ class Testbed:
                                         self.receiver_addr], timeout=timeout).stdout
         return [float(x) / 1e3 for x in re.findall(r"time=([0-9.]+) ms", out)]
 
+    def egress_bytes(self, direction: str = "up") -> int:
+        """Bytes (layer 2) that have left the router towards the receiver ("up") or the sender ("down")."""
+        dev = {"up": "veth-rr", "down": "veth-rs"}[direction]
+        return in_netns(self.router_ns,
+                        lambda ipr: (ipr.get_links(_ifindex(ipr, dev))[0].get_attr("IFLA_STATS64") or {})["tx_bytes"])
+
     def udp_rate(self, rate_bps: float, seconds: float = 2.0) -> float:
-        """Layer-2 rate delivered to the receiver while the sender offers rate_bps of UDP."""
+        """Layer-2 rate the up direction delivers while the sender offers rate_bps of UDP.
+
+        Measured on the router's egress counter over the middle of the run (after the queue has filled,
+        before the sender stops), so it is the link's rate, not what a busy receiver manages to read."""
         need("iperf3")
         port = 5201 + secrets.randbelow(1000)
         server = self.popen(self.receiver_ns, ["iperf3", "-s", "-1", "-p", str(port)],
@@ -317,14 +326,19 @@ class Testbed:
         try:
             _wait_port(self, port)
             payload_rate = rate_bps * UDP_PAYLOAD / FRAME
-            res = self.run(self.sender_ns, ["iperf3", "-c", self.receiver_addr, "-p", str(port), "-u", "-J",
-                                            "-l", str(UDP_PAYLOAD), "-b", str(int(payload_rate)),
-                                            "-t", str(seconds)], timeout=seconds + 15)
-            data = json.loads(res.stdout)
+            client = self.popen(self.sender_ns, ["iperf3", "-c", self.receiver_addr, "-p", str(port), "-u", "-J",
+                                                 "-l", str(UDP_PAYLOAD), "-b", str(int(payload_rate)),
+                                                 "-t", str(seconds)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            time.sleep(seconds * 0.25 + self.profile.base_rtt_s)
+            b0, t0 = self.egress_bytes("up"), time.monotonic()
+            time.sleep(seconds * 0.6)
+            b1, t1 = self.egress_bytes("up"), time.monotonic()
+            out, _ = client.communicate(timeout=seconds + 15)
+            data = json.loads(out) if out.strip() else {"error": "no output"}
             if "error" in data:
                 raise CcscopeError(f"iperf3 rate probe failed: {data['error']}")
-            received = data["end"].get("sum_received") or data["end"]["sum"]
-            return received["bits_per_second"] * FRAME / UDP_PAYLOAD
+            return (b1 - b0) * 8 / (t1 - t0)
         finally:
             _terminate(server)
 
