@@ -188,7 +188,7 @@ class DelayLine:
         self.stats_path = stats_path
         argv = [str(DELAYLINE), "--queue", str(queue_num), "--delay-us", str(round(link.delay_s * 1e6)),
                 "--jitter-us", str(round(link.jitter_s * 1e6)), "--loss", repr(link.loss), "--seed", str(seed),
-                "--maxlen", str(NFQUEUE_MAXLEN), "--stats", str(stats_path)]
+                "--maxlen", str(NFQUEUE_MAXLEN), "--stats", str(stats_path), "--realtime"]
         if link.trace is not None:
             argv += ["--trace", str(link.trace)]
             if link.queue is not None and link.queue.packets is not None:

@@ -18,7 +18,7 @@
 // rates.
 //
 // Usage: ccscope-delayline --queue N [--delay-us D] [--jitter-us J] [--loss P] [--seed S]
-//          [--trace FILE [--queue-packets N | --queue-bytes N]] [--maxlen N] [--stats FILE]
+//          [--trace FILE [--queue-packets N | --queue-bytes N]] [--maxlen N] [--stats FILE] [--realtime]
 // Prints "ready" on stdout once bound to the queue. SIGUSR1 writes counters to the stats file
 // (key value lines, `seq` increments per write); SIGTERM/SIGINT write them and exit.
 #define _GNU_SOURCE
@@ -29,6 +29,7 @@
 #include <inttypes.h>
 #include <linux/netfilter.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -340,7 +341,7 @@ static void usage(void)
 {
 	fprintf(stderr, "usage: ccscope-delayline --queue N [--delay-us D] [--jitter-us J] [--loss P] "
 			"[--seed S] [--trace FILE [--queue-packets N|--queue-bytes N]] [--maxlen N] "
-			"[--stats FILE]\n");
+			"[--stats FILE] [--realtime]\n");
 	exit(2);
 }
 
@@ -352,10 +353,10 @@ int main(int argc, char **argv)
 		{"seed", required_argument, 0, 's'},	 {"trace", required_argument, 0, 't'},
 		{"queue-packets", required_argument, 0, 'p'}, {"queue-bytes", required_argument, 0, 'b'},
 		{"maxlen", required_argument, 0, 'm'},	 {"stats", required_argument, 0, 'o'},
-		{0, 0, 0, 0},
+		{"realtime", no_argument, 0, 'r'},	 {0, 0, 0, 0},
 	};
 	long long maxlen = 1 << 17;
-	int have_queue = 0, c;
+	int have_queue = 0, realtime = 0, c;
 	const char *trace = NULL;
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
 		switch (c) {
@@ -369,6 +370,7 @@ int main(int argc, char **argv)
 		case 'b': tq_limit_bytes = strtoull(optarg, NULL, 10); break;
 		case 'm': maxlen = strtoll(optarg, NULL, 10); break;
 		case 'o': stats_path = optarg; break;
+		case 'r': realtime = 1; break;
 		default: usage();
 		}
 	}
@@ -378,6 +380,14 @@ int main(int argc, char **argv)
 		load_trace(trace);
 	// Default timer slack (50 us) would add up to 50 us to every release.
 	prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
+	// A delay line that waits for a CPU behind the traffic it delays adds that wait to the RTT. The
+	// lowest real-time priority runs it first; it sleeps in ppoll between packets, and the kernel's RT
+	// throttling keeps a share of CPU for everything else. Best effort: without permission we go on.
+	if (realtime) {
+		struct sched_param sp = {.sched_priority = 1};
+		if (sched_setscheduler(0, SCHED_FIFO, &sp) != 0)
+			perror("ccscope-delayline: SCHED_FIFO (continuing without)");
+	}
 
 	struct nfq_handle *h = nfq_open();
 	if (!h) {

@@ -219,10 +219,9 @@ class Testbed:
         def stop(signum, frame):
             raise SystemExit(128 + signum)  # unwinds through __exit__, which cleans up
 
+        # SIGINT already raises KeyboardInterrupt, which unwinds through __exit__ the same way.
         for sig in (signal.SIGTERM, signal.SIGHUP):
             self._old_handlers[sig] = signal.signal(sig, stop)
-        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-            return  # (KeyboardInterrupt already unwinds through __exit__)
 
     def _restore_signal_handlers(self) -> None:
         for sig, old in self._old_handlers.items():
