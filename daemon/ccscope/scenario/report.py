@@ -343,8 +343,9 @@ def render(directory: Path, doc: dict) -> Path:
                                                     "note"], downloads, numeric_from=9))
     env_rows = [[k, v if not isinstance(v, dict | list) else ", ".join(
         f"{a}={b}" for a, b in v.items()) if isinstance(v, dict) else ", ".join(map(str, v))]
-        for k, v in env.items() if k not in ("sysctls", "offloads")]
+        for k, v in env.items() if k not in ("sysctls", "offloads", "sysctls_sender_ns")]
     env_rows += [[k, v] for k, v in env.get("sysctls", {}).items()]
+    env_rows += [[f"{k} (sender namespace)", v] for k, v in env.get("sysctls_sender_ns", {}).items()]
     env_rows += [[f"offloads {k}", ", ".join(f"{a} {b}" for a, b in v.items()) if isinstance(v, dict) else v]
                  for k, v in env.get("offloads", {}).items()]
     backends = sorted({r["backend"] for r in doc["runs"]})

@@ -27,7 +27,7 @@ from .traffic import FETCH_PORT, TrafficResult, planned_seconds, run_traffic
 SYSCTLS = ("net.ipv4.tcp_congestion_control", "net.ipv4.tcp_allowed_congestion_control",
            "net.ipv4.tcp_available_congestion_control", "net.core.default_qdisc", "net.ipv4.tcp_rmem",
            "net.ipv4.tcp_wmem", "net.ipv4.tcp_ecn", "net.ipv4.tcp_no_metrics_save", "net.ipv4.tcp_sack",
-           "net.ipv4.tcp_timestamps", "net.ipv4.tcp_slow_start_after_idle", "kernel.hz")
+           "net.ipv4.tcp_timestamps", "net.ipv4.tcp_slow_start_after_idle")
 THROUGHPUT_WINDOW_S = 0.2  # flent samples throughput every 0.2 s
 
 
@@ -174,6 +174,7 @@ def _run_unit(scenario: Scenario, unit: Unit, position: int, out: Path, recorder
         record["backend"] = tb.backend
         if not doc["environment"].get("offloads"):
             doc["environment"]["offloads"] = getattr(tb, "offloads", {})
+            doc["environment"]["sysctls_sender_ns"] = _ns_sysctls(tb)
         if verify:
             progress.note(f"checking the emulated path {unit.profile}")
             check = tb.verify()
@@ -243,6 +244,16 @@ def _fill_run(record: dict, scenario: Scenario, unit: Unit, traffic: TrafficResu
     for f in record["flows"]:
         srtt.setdefault(f["algorithm"], []).extend(f.pop("_srtt_samples", []))
     record["per_algorithm"] = analysis.per_algorithm(record["flows"], srtt, unit.mix, record["downloads"])
+
+
+def _ns_sysctls(tb) -> dict[str, str]:
+    """The sender namespace's own values: many TCP sysctls are per namespace and start from defaults."""
+    keys = [k for k in SYSCTLS if k.startswith("net.ipv4")]
+    try:
+        out = tb.run(tb.sender_ns, ["sysctl", "-e", *keys], timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return {k.strip(): " ".join(v.split()) for k, _, v in (line.partition("=") for line in out.splitlines()) if _}
 
 
 def _link_delta(after: dict, before: dict) -> dict:
