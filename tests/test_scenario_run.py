@@ -186,3 +186,38 @@ def _cmdline(pid: int) -> bytes:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return b""
+
+
+def test_time_limited_downloads_and_competing_flows(ccscope_cmd, tmp_path, host):
+    """Seed 002's hang becomes an incomplete transfer; two algorithms share one bottleneck (Jain)."""
+    path = tmp_path / "mini.yaml"
+    path.write_text("""
+name: mini
+algorithms: [[cubic, bbr]]
+duration: 5s
+warmup: 1s
+profiles:
+  slow: {rate: 2mbit, delay: 10ms}
+traffic:
+  bulk: {flows: 1, stagger: 0.5s}
+  downloads: {sizes: [5KB, 2MB], timeout: 3s, start: 1s}
+""")
+    out = tmp_path / "mini"
+    res = subprocess.run([*ccscope_cmd, "scenario", "run", str(path), "--no-verify", "--listen", "off",
+                          "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    doc = results.load(out)
+    [run] = doc["runs"]
+    assert [f["algorithm_kernel"] for f in run["flows"]] == ["cubic", "bbr"]
+    assert [f["algorithm_iperf3"] for f in run["flows"]] == ["cubic", "bbr"]
+    assert 0.5 <= run["jain"] <= 1.0
+    total = sum(f["goodput_bps"] for f in run["flows"])
+    assert total <= 2e6 * 1448 / 1514 * 1.03  # the two flows share the 2 Mbit/s bottleneck
+    small, big = run["downloads"]
+    assert small["complete"] and small["completion_time_s"] < 3.0
+    # 2 MB cannot cross a shared 2 Mbit/s link in 3 s: reported incomplete, with what arrived
+    assert not big["complete"] and big["completion_time_s"] is None
+    assert 0 < big["received_bytes"] < 2_000_000
+    assert "time limit 3 s" in big["error"]
+    row = next(r for r in doc["summary"] if r["algorithm"] == "cubic")
+    assert row["downloads"]["by_size"]["2000000"] == {**row["downloads"]["by_size"]["2000000"], "complete": 0}
