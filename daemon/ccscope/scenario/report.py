@@ -119,8 +119,10 @@ def plot_tradeoff(directory: Path, doc: dict) -> str | None:
             label = row["algorithm"] if "+" not in row["algorithms"] else f"{row['algorithm']} in {row['algorithms']}"
             ax.errorbar(x, y, xerr=xerr, yerr=yerr, fmt=MARKERS[i % len(MARKERS)], color=color(row["algorithm"]),
                         ms=9, capsize=4, mec="black", mew=0.6, label=label)
-        xs = [r["srtt_p95_ms"]["mean"] for r in mine]
-        ys = [r["goodput_bps"]["mean"] / 1e6 for r in mine]
+        xci = [r["srtt_p95_ms"]["ci95"] or 0.0 for r in mine]
+        xs = [r["srtt_p95_ms"]["mean"] + c for r, c in zip(mine, xci, strict=True)]
+        xs += [r["srtt_p95_ms"]["mean"] - c for r, c in zip(mine, xci, strict=True)]  # whiskers stay inside
+        ys = [(r["goodput_bps"]["mean"] + (r["goodput_bps"]["ci95"] or 0.0)) / 1e6 for r in mine]
         span = max(xs) - min(xs)
         pad = max(span * 0.25, max(xs) * 0.08)
         ax.set_xlim(max(xs) + pad, max(0.0, min(xs) - pad))  # inverted: lower delay to the right
