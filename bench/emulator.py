@@ -98,6 +98,7 @@ def main() -> int:
     args = ap.parse_args()
     rates = [float(x) for x in args.rates.split(",")]
     caps = probe_backends()
+    load_before = os.getloadavg()[0]
     backends = ["userspace"] + (["netem"] if caps.netem else [])
     rows = []
     for backend in backends:
@@ -111,7 +112,9 @@ def main() -> int:
     md = [
         "# Emulator fidelity and ceiling (bench/emulator.py)", "",
         f"Host: {platform.node()} kernel {platform.release()}, {os.cpu_count()} CPUs; "
-        f"qdiscs found: {', '.join(sorted(caps.qdiscs))}; netem {'present' if caps.netem else 'absent'}.",
+        f"qdiscs found: {', '.join(sorted(caps.qdiscs))}; netem {'present' if caps.netem else 'absent'}. "
+        f"Load average before/after: {load_before:.2f}/{os.getloadavg()[0]:.2f} (2.0 = both CPUs busy with "
+        "other work; the rates near the ceiling depend on it).",
         f"Path: one-way delay {args.delay_ms:g} ms each way (RTT {2 * args.delay_ms:g} ms), queue 1 BDP, "
         f"TCP cubic {args.seconds:g} s after 1 s omitted, UDP offered at 125% for 2 s.", "",
         table(rows), "",
