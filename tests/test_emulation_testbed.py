@@ -226,3 +226,11 @@ def test_sigkill_then_cleanup_all_removes_everything():
     assert {f"netns {ns}" for ns in namespaces} <= set(removed)
     assert any("ccscope-delayli" in r for r in removed)
     assert not any(Path("/run/netns", ns).exists() for ns in namespaces)
+
+
+def test_two_runs_coexist():
+    with Testbed(profile(delay="5ms")) as a, Testbed(profile(delay="15ms")) as b:
+        assert not set(a.namespaces) & set(b.namespaces)
+        assert statistics.median(a.ping_rtts(count=5)) == pytest.approx(0.010, abs=0.0015)
+        assert statistics.median(b.ping_rtts(count=5)) == pytest.approx(0.030, abs=0.0015)
+    assert not any(Path("/run/netns", ns).exists() for ns in a.namespaces + b.namespaces)
