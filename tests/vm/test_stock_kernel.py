@@ -141,3 +141,12 @@ def test_emulation_picks_the_netem_backend(guest: dict) -> None:
 def test_emulation_namespaces_take_vegas_and_westwood(guest: dict) -> None:
     engine = check(guest, "engine")
     assert engine["algorithms"] == {"vegas": "vegas", "westwood": "westwood"}
+
+
+def test_quick_scenario_runs_vegas_and_westwood_on_netem(guest: dict) -> None:
+    need_probe(guest)  # the scenario records telemetry, so it needs the probe
+    scenario = check(guest, "scenario")
+    assert scenario["status"] == 0, scenario["stderr"]
+    assert {run["algorithms"] for run in scenario["runs"]} == {"cubic", "vegas", "westwood"}
+    assert {run["backend"] for run in scenario["runs"]} == {"netem"}
+    assert all(not run["errors"] for run in scenario["runs"])

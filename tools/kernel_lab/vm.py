@@ -47,15 +47,21 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+def guest_home() -> Path:
+    """HOME in the guest: a writable share that persists, so caches (matplotlib's font list, which takes
+    a minute to build under TCG) survive between boots."""
+    return cache_dir() / "guest-home"
+
+
 def _command_script(spec: RunSpec, kernel: Kernel) -> str:
     env = {k: v for k, v in os.environ.items() if k in PASSED_ENV or k.startswith(("CCSCOPE_", "KERNEL_LAB_"))}
     env.update({
-        "PATH": GUEST_PATH, "HOME": "/tmp/home", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
-        "MPLCONFIGDIR": "/tmp/home/.config/matplotlib", "KERNEL_LAB": "1",
+        "PATH": GUEST_PATH, "HOME": str(guest_home()), "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONUNBUFFERED": "1", "KERNEL_LAB": "1",
         "KERNEL_LAB_KERNEL": kernel.version,
     })
     env.update(spec.env)
-    lines = ["# written by tools/kernel-lab", "mkdir -p /tmp/home"]
+    lines = ["# written by tools/kernel-lab"]
     lines += [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
     cwd = shlex.quote(spec.cwd)
     lines.append(f"cd {cwd} || {{ echo 'kernel-lab: cannot cd to '{cwd}' in the guest' >&2; exit {EXIT_LAB}; }}")
@@ -64,7 +70,7 @@ def _command_script(spec: RunSpec, kernel: Kernel) -> str:
 
 
 def _prepare_ctl(ctl: Path, spec: RunSpec, kernel: Kernel) -> None:
-    shares = "\n".join(f"klabshare{i}={path}" for i, path in enumerate(spec.shares))
+    shares = "\n".join(f"klabshare{i}={path}" for i, path in enumerate(_all_shares(spec)))
     (ctl / "config.sh").write_text(f"KLAB_SHARES={shlex.quote(shares)}\n")
     (ctl / "cmd.sh").write_text(_command_script(spec, kernel))
     (ctl / "bin").mkdir()
@@ -90,10 +96,14 @@ def qemu_command(kernel: Kernel, initrd: Path, ctl: Path, spec: RunSpec) -> list
         "-device", "virtio-9p-pci,fsdev=klabctl,mount_tag=klabctl",
         "-device", "virtio-rng-pci",
     ]
-    for i, path in enumerate(spec.shares):
+    for i, path in enumerate(_all_shares(spec)):
         cmd += ["-fsdev", f"local,id=klabshare{i},path={path},security_model=none",
                 "-device", f"virtio-9p-pci,fsdev=klabshare{i},mount_tag=klabshare{i}"]
     return cmd
+
+
+def _all_shares(spec: RunSpec) -> list[str]:
+    return [str(guest_home()), *spec.shares]
 
 
 class _Forwarder:
@@ -121,6 +131,7 @@ def run(kernel: Kernel, initrd: Path, spec: RunSpec) -> int:
     for share in spec.shares:
         if not os.path.isdir(share):
             raise LabError(f"--share {share}: not a directory", 2)
+    guest_home().mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="kernel-lab-") as tmp:
         ctl = Path(tmp)
         _prepare_ctl(ctl, spec, kernel)
