@@ -104,6 +104,11 @@ def _run(args: argparse.Namespace) -> int:
         if not sep or not name:
             raise LabError(f"--env {item}: expected NAME=VALUE", 2)
         env[name] = value
+    hidden = [d for d in ("/tmp", "/run", "/var/tmp", "/boot") if str(cache_dir()).startswith(d + "/")]
+    if hidden:
+        # The guest reads modules from the cache through the host root, where these are its own tmpfs.
+        raise LabError(f"the cache {cache_dir()} is under {hidden[0]}, which the guest does not see; "
+                       "set KERNEL_LAB_CACHE elsewhere", 2)
     k, initrd = _prepare()
     spec = vm.RunSpec(argv=command, cwd=args.cwd or os.getcwd(), timeout=args.timeout,
                       memory_mb=args.memory, cpus=args.cpus, env=env, show_console=args.console,

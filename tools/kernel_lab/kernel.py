@@ -109,14 +109,24 @@ def fetch(package: str | None = None, refresh: bool = False) -> Kernel:
         if kernel:
             return kernel
     with locked():
-        if package is None:
+        chosen = package is None
+        if chosen:
             kernel = cached() if not refresh else None
             if kernel:
                 return kernel
             package = newest_package()
         kernel = _kernel_for(package)
         if not (kernel.vmlinuz.is_file() and (kernel.modules_dir / "modules.dep").is_file()):
-            _download_and_unpack(kernel)
+            try:
+                _download_and_unpack(kernel)
+            except LabError:
+                if not chosen or os.geteuid() != 0:
+                    raise
+                # Stale apt lists name a package the mirror no longer has: refresh and choose again.
+                subprocess.run(["apt-get", "update", "-qq"], capture_output=True, check=False)
+                kernel = _kernel_for(newest_package())
+                _download_and_unpack(kernel)
+            package = kernel.package
         _current_file().write_text(package + "\n")
         return kernel
 
