@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from ccscope.emulation import PathProfile, QueueSize, available_algorithms, require_algorithms
 from ccscope.emulation._system import need
-from ccscope.emulation.profile import LinkProfile
+from ccscope.emulation.profile import SHORT_FLOW_PORT, Isolation, LinkProfile
 from ccscope.errors import PrerequisiteError, UsageError
 
 
@@ -70,6 +70,18 @@ def test_good_link_values(data, field, expected):
         ({"up": {"lossy": 1}}, "profiles.wireless.up.lossy", "unknown key"),
         ({"up": "fast"}, "profiles.wireless.up", "expected a mapping"),
         ({"rate": "10mbit", "trace": "/nonexistent.trace"}, "profiles.wireless", "cannot read trace"),
+        ({"rate": "10mbit", "isolate": "long"}, "profiles.wireless.isolate", "expected `short` or a mapping"),
+        ({"rate": "10mbit", "isolate": 3}, "profiles.wireless.isolate", "expected `short` or a mapping"),
+        ({"rate": "10mbit", "isolate": {"queue": "0p"}}, "profiles.wireless.isolate.queue", "not a positive"),
+        ({"rate": "10mbit", "isolate": {"queue": "9 furlongs"}}, "profiles.wireless.isolate.queue", "unknown queue"),
+        ({"rate": "10mbit", "isolate": {"ports": [70000]}}, "profiles.wireless.isolate.ports[0]", "not a port"),
+        ({"rate": "10mbit", "isolate": {"ports": [80, "http"]}}, "profiles.wireless.isolate.ports[1]", "not a port"),
+        ({"rate": "10mbit", "isolate": {"ports": [80, 80]}}, "profiles.wireless.isolate.ports", "twice"),
+        ({"rate": "10mbit", "isolate": {"ports": []}}, "profiles.wireless.isolate.ports", "expected a list"),
+        ({"rate": "10mbit", "isolate": {"prio": 1}}, "profiles.wireless.isolate.prio", "unknown key"),
+        ({"up": {"rate": "10mbit", "isolate": "short"}, "down": {"isolate": "short"}},
+         "profiles.wireless.down.isolate", "give a rate"),
+        ({"up": {"isolate": {"queue": "10p", "ports": [1, 0]}}}, "profiles.wireless.up.isolate.ports[1]", "not a port"),
     ],
 )
 def test_bad_profiles_name_the_field(data, where, words):
@@ -97,6 +109,21 @@ def test_flat_keys_apply_both_ways_and_sections_override():
     assert s.bdp_bytes == pytest.approx(25_000)
 
 
+def test_isolate_key():
+    p = PathProfile.from_dict("i", {"rate": "10mbit", "delay": "10ms", "queue": "100p", "isolate": "short"}, "x")
+    assert p.up.isolate == p.down.isolate == Isolation(queue=None, ports=(SHORT_FLOW_PORT,))
+    assert p.up.isolate_queue_bytes(p.base_rtt_s) == 25_000  # default: 1 BDP, at least 10 packets
+    assert p.up.queue_bytes(p.base_rtt_s) == 100 * 1514  # the bulk class keeps the link's queue
+    q = PathProfile.from_dict("q", {"rate": "10mbit", "up": {"isolate": {"queue": "20p", "ports": [80, 443]}}}, "x")
+    assert q.up.isolate == Isolation(queue=QueueSize(packets=20), ports=(80, 443))
+    assert q.down.isolate is None and q.up.isolate_queue_bytes(0.0) == 20 * 1514
+    assert "isolate icmp+port 80,443 queue 20p" in q.up.describe()
+    for off in (False, None, "off"):
+        assert PathProfile.from_dict("o", {"rate": "10mbit", "isolate": off}, "x").up.isolate is None
+    assert PathProfile.from_dict("t", {"rate": "1mbit", "isolate": True}, "x").up.isolate == Isolation()
+    assert PathProfile.from_dict("p", {"rate": "1mbit", "isolate": {"ports": 53}}, "x").up.isolate.ports == (53,)
+
+
 def test_trace_profile(tmp_path):
     trace = tmp_path / "const12.trace"
     trace.write_text("".join(f"{i}\n" for i in range(1, 1001)))  # one opportunity per ms: 12 Mbit/s
@@ -107,6 +134,8 @@ def test_trace_profile(tmp_path):
     bad.write_text("5\n3\n")
     with pytest.raises(UsageError, match=r"profiles\.t\.up\.trace: .*ascending"):
         PathProfile.from_dict("t", {"up": {"trace": str(bad)}}, "profiles.t")
+    with pytest.raises(UsageError, match=r"profiles\.t\.up\.isolate: a trace link"):
+        PathProfile.from_dict("t", {"up": {"trace": str(trace), "isolate": "short"}}, "profiles.t")
 
 
 def test_require_algorithms_names_the_available_ones():

@@ -18,6 +18,7 @@ import pytest
 from ccscope.emulation import PathProfile, Testbed, cleanup_all, probe_backends
 from ccscope.emulation import state as emu_state
 from ccscope.emulation.backends import DELAYLINE
+from ccscope.emulation.profile import SHORT_FLOW_PORT
 from conftest import require, require_root, require_tools
 from emulation_helpers import HostSnapshot
 
@@ -234,3 +235,52 @@ def test_two_runs_coexist():
         assert statistics.median(a.ping_rtts(count=5)) == pytest.approx(0.010, abs=0.0015)
         assert statistics.median(b.ping_rtts(count=5)) == pytest.approx(0.030, abs=0.0015)
     assert not any(Path("/run/netns", ns).exists() for ns in a.namespaces + b.namespaces)
+
+
+def short_flows_under_load(isolate: str | None) -> tuple[list[float], list[dict], dict, dict]:
+    """Pings and 100 KB downloads (port 5300) behind a cubic flow on 10 Mbit/s, 20 ms RTT, 100 packets."""
+    p = profile(rate="10mbit", delay="10ms", queue="100p", **({"isolate": isolate} if isolate else {}))
+    with Testbed(p) as tb:
+        tb.set_algorithm("cubic")
+        env = {**os.environ, "PYTHONPATH": str(ROOT / "daemon")}
+        tb.popen(tb.sender_ns, [sys.executable, "-m", "ccscope.scenario.fetch", "serve", "--port",
+                                str(SHORT_FLOW_PORT), "--cc", "cubic"], env=env, stderr=subprocess.DEVNULL)
+        result: dict = {}
+        flow = threading.Thread(target=lambda: result.update(iperf3(tb, seconds=6, omit=0)))
+        flow.start()
+        time.sleep(2)  # past slow start: the bulk queue is full
+        fetches = tb.popen(tb.receiver_ns, [sys.executable, "-m", "ccscope.scenario.fetch", "get", "--server",
+                                            f"{tb.sender_addr}:{SHORT_FLOW_PORT}", "--sizes", "100000",
+                                            "--timeout", "5", "--every", "1", "--until", "3"],
+                           env=env, stdout=subprocess.PIPE, text=True)
+        rtts = tb.ping_rtts(count=25, interval=0.1)
+        out, _ = fetches.communicate(timeout=20)
+        flow.join()
+        goodput = result["end"]["sum_received"]["bits_per_second"]
+        return rtts, [json.loads(line) for line in out.splitlines()], tb.link_stats()["up"], \
+            {"goodput": goodput, "installed": tb.installed}
+
+
+def test_isolating_short_flows_keeps_their_latency_low():
+    """Seed 004's fix: with a large bulk queue, ping and short downloads get their own queue (htb)."""
+    shared_rtts, shared_dl, shared_link, _ = short_flows_under_load(None)
+    iso_rtts, iso_dl, iso_link, iso = short_flows_under_load("short")
+    p95 = lambda xs: statistics.quantiles(xs, n=20)[-1]  # noqa: E731
+    # a full 100-packet queue at 10 Mbit/s adds ~120 ms; the interactive queue stays near empty
+    assert p95(shared_rtts) > 0.100, shared_rtts
+    assert p95(iso_rtts) < 0.5 * p95(shared_rtts), (iso_rtts, shared_rtts)
+    assert statistics.median(iso_rtts) < 0.020 + 0.015, iso_rtts
+    assert len(shared_dl) == len(iso_dl) == 3 and all(d["complete"] for d in shared_dl + iso_dl)
+    shared_t = [d["completion_time_s"] for d in shared_dl]
+    iso_t = [d["completion_time_s"] for d in iso_dl]
+    assert max(iso_t) < 0.6 * min(shared_t), (iso_t, shared_t)
+    # the bulk flow still gets the link when the short flows are idle (ceil = rate)
+    assert iso["goodput"] > 0.85 * 10e6
+    installed = iso["installed"]["up"]
+    assert installed["isolate"]["interactive_match"] == ["icmp", f"port {SHORT_FLOW_PORT}"]
+    assert any(q.startswith("htb 2:") for q in installed["qdiscs"])
+    # ping and downloads went through the interactive class, the bulk flow through its own one
+    assert iso_link["interactive_packets"] > 200 and iso_link["bulk_packets"] > 3000  # 3 x 70 + 25 pings
+    assert iso_link["bulk_drops"] > 0
+    assert iso_link["queue_drops"] == iso_link["bulk_drops"] + iso_link["interactive_drops"]
+    assert "interactive_packets" not in shared_link

@@ -8,12 +8,13 @@
 
 from .algorithms import available_algorithms, require_algorithms
 from .backends import Capabilities, probe_backends
-from .profile import LinkProfile, PathProfile, QueueSize
+from .profile import Isolation, LinkProfile, PathProfile, QueueSize
 from .state import cleanup_all
 from .testbed import Testbed, VerifyResult
 
 __all__ = [
     "Capabilities",
+    "Isolation",
     "LinkProfile",
     "PathProfile",
     "QueueSize",

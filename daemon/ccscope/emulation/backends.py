@@ -10,6 +10,13 @@ direction, and keep the delay line separate from the bottleneck queue:
   iptables FORWARD rule in the router namespace feeds with that direction's packets. A Mahimahi trace
   (rate from delivery opportunities, with its own drop-tail queue) also runs in the delay line.
 
+With `isolate`, htb takes tbf's place (same position on either backend, the delay line stays
+separate): a root class at the link rate and two leaf classes that share it, guaranteed 90 %
+(interactive) and 10 % (bulk) of it and each allowed to borrow all of it (ceil = rate). 2:10 (prio 0,
+served first) holds ping and short flows, chosen by u32 filters (ICMP; TCP/UDP source or destination
+port in `ports`), with its own drop-tail queue 4:; 2:20 (prio 1, htb's default class) holds everything
+else with the link's queue 3:.
+
 Qdiscs are managed with pyroute2. `tc` is not used.
 """
 
@@ -28,6 +35,7 @@ from pathlib import Path
 
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
+from pyroute2.netlink.rtnl import tcmsg
 
 from ccscope.errors import CcscopeError, PrerequisiteError
 
@@ -42,6 +50,18 @@ NFQUEUE_MAXLEN = 1 << 17
 # after the previous one); a rate far above any emulated link gives ordering without shaping.
 NETEM_ORDER_RATE_BPS = 32e9
 PROBED_QDISCS = ("netem", "tbf", "htb", "fq")
+SHAPER_HANDLE = 0x20000  # tbf 2: or htb 2: -- the bottleneck; its drops include its children's
+BULK_LEAF, INTERACTIVE_LEAF = 0x30000, 0x40000  # drop-tail queues: the link's (3:) and isolate's (4:)
+INTERACTIVE_CLASS, BULK_CLASS = 0x20010, 0x20020
+ETH_P_IP = 0x0800
+HTB_MAX_QUANTUM = 200_000  # the kernel clamps (and warns) above this
+# Guaranteed shares of the link rate; each class may borrow up to all of it. htb serves a class within
+# its guarantee before any class that borrows, so the interactive share must cover a short flow's
+# bursts (a 50/50 split would halve its rate whenever the bulk flow is busy).
+INTERACTIVE_SHARE, BULK_SHARE = 0.9, 0.1
+
+# pyroute2 0.9 knows pfifo but not bfifo; both take the same options (struct tc_fifo_qopt {u32 limit}).
+tcmsg.plugins.setdefault("bfifo", tcmsg.sched_pfifo)
 
 
 @dataclass(frozen=True)
@@ -149,7 +169,10 @@ def apply_link(ipr: IPRoute, ifindex: int, link: LinkProfile, backend: str, base
         ipr.tc("add", "netem", ifindex, handle=0x10000, **kw)
         installed["qdiscs"].append("netem 1: root")
         tbf_parent = 0x10001
-    if link.rate_bps is not None:
+    if link.rate_bps is not None and link.isolate is not None:
+        lines, installed["isolate"] = _apply_isolation(ipr, ifindex, link, base_rtt_s, tbf_parent)
+        installed["qdiscs"] += lines
+    elif link.rate_bps is not None:
         queue_bytes = link.queue_bytes(base_rtt_s)
         assert queue_bytes is not None
         params = tbf_params(link.rate_bps, queue_bytes)
@@ -163,9 +186,82 @@ def apply_link(ipr: IPRoute, ifindex: int, link: LinkProfile, backend: str, base
     return installed
 
 
+def _htb_class_params(rate_bps: float, ceil_bps: float, prio: int) -> dict:
+    burst = max(int(ceil_bps / 8 / kernel_hz()) + 1, 2 * ETH_FRAME)  # as tbf: enough to reach the rate
+    quantum = max(ETH_FRAME, min(HTB_MAX_QUANTUM, int(rate_bps / 8 / 10)))
+    return {"rate": f"{int(rate_bps)}bit", "ceil": f"{int(ceil_bps)}bit", "burst": burst, "cburst": burst,
+            "prio": prio, "quantum": quantum}
+
+
+def _leaf_queue(ipr: IPRoute, ifindex: int, parent: int, handle: int, packets: int | None, nbytes: int) -> str:
+    """A drop-tail queue under an htb class: pfifo for a queue in packets, else bfifo in bytes."""
+    if packets is not None:
+        ipr.tc("add", "pfifo", ifindex, parent=parent, handle=handle, limit=packets)
+        return f"pfifo {handle >> 16:x}: limit {packets}p"
+    ipr.tc("add", "bfifo", ifindex, parent=parent, handle=handle, limit=nbytes)
+    return f"bfifo {handle >> 16:x}: limit {nbytes}B"
+
+
+def _port_keys(port: int) -> list[list[str]]:
+    # u32 keys are value/mask+offset from the IPv4 header (20 bytes: our packets carry no IP options)
+    return [[f"0x{port:04x}/0xffff+20"], [f"0x{port:04x}/0xffff+22"]]  # source port, destination port
+
+
+def _apply_isolation(ipr: IPRoute, ifindex: int, link: LinkProfile, base_rtt_s: float,
+                     parent: int | None) -> tuple[list[str], dict]:
+    assert link.rate_bps is not None and link.isolate is not None
+    rate = link.rate_bps
+    where = {"parent": parent} if parent else {}
+    ipr.tc("add", "htb", ifindex, handle=SHAPER_HANDLE, default=BULK_CLASS & 0xFFFF, **where)
+    ipr.tc("add-class", "htb", ifindex, handle=SHAPER_HANDLE | 1, parent=SHAPER_HANDLE,
+           **_htb_class_params(rate, rate, 0))
+    lines = [f"htb 2: default 20; class 2:1 rate {int(rate)}bit"]
+    leaves = (("interactive", INTERACTIVE_CLASS, INTERACTIVE_LEAF, 0, INTERACTIVE_SHARE, link.isolate.queue,
+               link.isolate_queue_bytes(base_rtt_s)),
+              ("bulk", BULK_CLASS, BULK_LEAF, 1, BULK_SHARE, link.queue, link.queue_bytes(base_rtt_s)))
+    classes = {}
+    for name, classid, leaf, prio, share, queue, queue_bytes in leaves:
+        assert queue_bytes is not None
+        ipr.tc("add-class", "htb", ifindex, handle=classid, parent=SHAPER_HANDLE | 1,
+               **_htb_class_params(rate * share, rate, prio))
+        packets = queue.packets if queue is not None else None
+        leaf_line = _leaf_queue(ipr, ifindex, classid, leaf, packets, queue_bytes)
+        classes[name] = (f"2:{classid & 0xFFFF:x} rate {int(rate * share)}bit ceil {int(rate)}bit prio {prio}; "
+                         f"{leaf_line}")
+        lines.append(f"class {classes[name]}")
+    matches = {"icmp": [["0x01/0xff+9"]]}
+    for port in link.isolate.ports:
+        matches[f"port {port}"] = _port_keys(port)
+    for keyset in (k for keys in matches.values() for k in keys):
+        ipr.tc("add-filter", "u32", ifindex, parent=SHAPER_HANDLE, prio=1, protocol=ETH_P_IP,
+               target=INTERACTIVE_CLASS, keys=keyset)
+    lines.append(f"u32 -> 2:10: {', '.join(matches)}")
+    return lines, {"classes": classes, "interactive_match": list(matches)}
+
+
+def class_stats(ipr: IPRoute, ifindex: int) -> dict[int, dict[str, int]]:
+    """{classid: {"packets", "bytes", "drops"}} of the htb classes on ifindex."""
+    out: dict[int, dict[str, int]] = {}
+    for c in ipr.get_classes(ifindex):
+        stats2 = c.get_attr("TCA_STATS2")
+        if stats2 is None:
+            continue
+        basic = stats2.get_attr("TCA_STATS_BASIC") or {}
+        queue = stats2.get_attr("TCA_STATS_QUEUE") or {}
+        out[c["handle"]] = {"packets": basic.get("packets", 0), "bytes": basic.get("bytes", 0),
+                            "drops": queue.get("drops", 0)}
+    return out
+
+
 def qdisc_stats(ipr: IPRoute, ifindex: int) -> dict[str, dict[str, int]]:
-    """{kind: {"packets", "bytes", "drops", "backlog"}} of the qdiscs on ifindex."""
-    out: dict[str, dict[str, int]] = {}
+    """{kind: {"packets", "bytes", "drops", "backlog"}} of the qdiscs on ifindex (one per kind)."""
+    by_handle = qdisc_stats_by_handle(ipr, ifindex).values()
+    return {v["kind"]: {k: n for k, n in v.items() if k != "kind"} for v in by_handle}
+
+
+def qdisc_stats_by_handle(ipr: IPRoute, ifindex: int) -> dict[int, dict]:
+    """{handle: {"kind", "packets", "bytes", "drops", "backlog"}} of the qdiscs on ifindex."""
+    out: dict[int, dict] = {}
     for q in ipr.get_qdiscs(ifindex):
         kind = q.get_attr("TCA_KIND")
         stats2 = q.get_attr("TCA_STATS2")
@@ -173,8 +269,8 @@ def qdisc_stats(ipr: IPRoute, ifindex: int) -> dict[str, dict[str, int]]:
             continue
         basic = stats2.get_attr("TCA_STATS_BASIC") or {}
         queue = stats2.get_attr("TCA_STATS_QUEUE") or {}
-        out[kind] = {"packets": basic.get("packets", 0), "bytes": basic.get("bytes", 0),
-                     "drops": queue.get("drops", 0), "backlog": queue.get("backlog", 0)}
+        out[q["handle"]] = {"kind": kind, "packets": basic.get("packets", 0), "bytes": basic.get("bytes", 0),
+                            "drops": queue.get("drops", 0), "backlog": queue.get("backlog", 0)}
     return out
 
 

@@ -18,6 +18,12 @@ Semantics
   count against it.
 - `trace` is a Mahimahi packet-delivery trace (one millisecond timestamp per line, each a 1500-byte
   delivery opportunity, looping with the last timestamp as period). It replaces `rate`.
+- `isolate` splits the bottleneck into two drop-tail queues that share the rate: an interactive one
+  for ping (ICMP) and short flows (TCP/UDP with one of `ports` on either side, by default the scenario
+  download port 5300) with its own `queue` (default as for `queue`), served first, and the bulk one
+  for everything else with the link's `queue`. `isolate: short` is the defaults; the mapping form is
+  `isolate: {queue: 20p, ports: [5300]}`. The interactive class is guaranteed 90 % of the rate, the
+  bulk one 10 %, and either may use all of it when the other is idle. It needs a `rate` (not a trace).
 
 YAML accepts either `up:`/`down:` sections or flat keys, which apply to both directions. Flat keys
 next to `up:`/`down:` are defaults that the sections override.
@@ -36,6 +42,8 @@ from ccscope.errors import UsageError
 
 ETH_FRAME = 1514  # bytes of a full-MSS frame as tbf counts it (1500 IP + 14 Ethernet)
 MIN_DEFAULT_QUEUE_PACKETS = 10
+SHORT_FLOW_PORT = 5300  # the scenario download server's port (scenario.traffic.FETCH_PORT)
+MAX_ISOLATE_PORTS = 16
 MAX_RATE_BPS = 10e9  # beyond what a veth path through a userspace stage or tbf (32-bit) can emulate
 MAX_DELAY_S = 10.0
 MAX_QUEUE_PACKETS = 1_000_000
@@ -238,13 +246,54 @@ def _check_trace(raw: Any, where: str) -> Path:
     return path.resolve()
 
 
-_LINK_KEYS = ("rate", "delay", "jitter", "loss", "queue", "trace")
+@dataclass(frozen=True)
+class Isolation:
+    """Queue isolation: an interactive class (ICMP, `ports`) with its own queue next to the bulk one."""
+
+    queue: QueueSize | None = None  # None: the default size (1 BDP, at least 10 packets)
+    ports: tuple[int, ...] = (SHORT_FLOW_PORT,)
+
+    @classmethod
+    def parse(cls, raw: Any, where: str) -> Isolation | None:
+        """'short' / true -> the defaults; false / 'none' -> None; {queue: 20p, ports: [5300]}."""
+        if raw is None or raw is False or (isinstance(raw, str) and raw.strip().lower() in ("none", "off")):
+            return None
+        if raw is True or (isinstance(raw, str) and raw.strip().lower() == "short"):
+            return cls()
+        if isinstance(raw, Isolation):
+            return raw
+        if not isinstance(raw, dict):
+            raise UsageError(f"{where}: expected `short` or a mapping of queue, ports, got {raw!r}")
+        for key in raw:
+            if key not in ("queue", "ports"):
+                raise UsageError(f"{where}.{key}: unknown key (known: queue, ports)")
+        queue = QueueSize.parse(raw["queue"], f"{where}.queue") if raw.get("queue") is not None else None
+        ports = raw.get("ports", [SHORT_FLOW_PORT])
+        if isinstance(ports, int) and not isinstance(ports, bool):
+            ports = [ports]
+        if not isinstance(ports, list) or not ports:
+            raise UsageError(f"{where}.ports: expected a list of port numbers such as [5300], got {ports!r}")
+        if len(ports) > MAX_ISOLATE_PORTS:
+            raise UsageError(f"{where}.ports: at most {MAX_ISOLATE_PORTS} ports, got {len(ports)}")
+        for i, port in enumerate(ports):
+            if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+                raise UsageError(f"{where}.ports[{i}]: {port!r} is not a port number (1..65535)")
+        if len(set(ports)) != len(ports):
+            raise UsageError(f"{where}.ports: {ports!r} lists a port twice")
+        return cls(queue=queue, ports=tuple(ports))
+
+    def describe(self) -> str:
+        queue = f" queue {self.queue}" if self.queue is not None else ""
+        return f"isolate icmp+port {','.join(map(str, self.ports))}{queue}"
+
+
+_LINK_KEYS = ("rate", "delay", "jitter", "loss", "queue", "trace", "isolate")
 
 
 def _check_flat_keys(flat: dict, where: str) -> None:
     parsers = {
         "rate": parse_rate, "delay": parse_duration, "jitter": parse_duration, "loss": parse_loss,
-        "queue": QueueSize.parse, "trace": _check_trace,
+        "queue": QueueSize.parse, "trace": _check_trace, "isolate": Isolation.parse,
     }  # fmt: skip
     for key, value in flat.items():
         if key not in parsers:
@@ -263,6 +312,7 @@ class LinkProfile:
     loss: float = 0.0
     queue: QueueSize | None = None
     trace: Path | None = None
+    isolate: Isolation | None = None
 
     def __post_init__(self) -> None:
         if self.trace is not None and self.rate_bps is not None:
@@ -289,7 +339,13 @@ class LinkProfile:
             if rate is None and trace is None:
                 raise UsageError(f"{where}.queue: a queue needs a rate or a trace to drain it")
             queue = QueueSize.parse(data["queue"], f"{where}.queue")
-        return cls(rate_bps=rate, delay_s=delay, jitter_s=jitter, loss=loss, queue=queue, trace=trace)
+        isolate = Isolation.parse(data.get("isolate"), f"{where}.isolate")
+        if isolate is not None and trace is not None:
+            raise UsageError(f"{where}.isolate: a trace link has one queue in the delay line; isolate needs a rate")
+        if isolate is not None and rate is None:
+            raise UsageError(f"{where}.isolate: the queues share a bottleneck rate; give a rate")
+        return cls(rate_bps=rate, delay_s=delay, jitter_s=jitter, loss=loss, queue=queue, trace=trace,
+                   isolate=isolate)
 
     @property
     def shaped(self) -> bool:
@@ -306,9 +362,14 @@ class LinkProfile:
         if rate is None:
             return None
         bdp = rate * base_rtt_s / 8
-        if self.queue is None:
-            return max(MIN_DEFAULT_QUEUE_PACKETS * ETH_FRAME, int(bdp))
-        return self.queue.to_bytes(bdp)
+        return _queue_bytes(self.queue, bdp)
+
+    def isolate_queue_bytes(self, base_rtt_s: float) -> int | None:
+        """The interactive class's queue in bytes (None without isolation)."""
+        rate = self.effective_rate_bps()
+        if self.isolate is None or rate is None:
+            return None
+        return _queue_bytes(self.isolate.queue, rate * base_rtt_s / 8)
 
     def describe(self) -> str:
         parts = []
@@ -323,7 +384,15 @@ class LinkProfile:
             parts.append(f"{self.loss * 100:g}% loss")
         if self.queue is not None:
             parts.append(f"queue {self.queue}")
+        if self.isolate is not None:
+            parts.append(self.isolate.describe())
         return ", ".join(parts)
+
+
+def _queue_bytes(queue: QueueSize | None, bdp_bytes: float) -> int:
+    if queue is None:
+        return max(MIN_DEFAULT_QUEUE_PACKETS * ETH_FRAME, int(bdp_bytes))
+    return queue.to_bytes(bdp_bytes)
 
 
 @dataclass(frozen=True)

@@ -273,22 +273,32 @@ class Testbed:
     # ---- measurements ----------------------------------------------------------------------------
     def link_stats(self) -> dict[str, dict[str, int]]:
         """Per direction: packets that left the router egress, drops in the bottleneck queue, random
-        drops (loss), and for the delay line the kernel-side NFQUEUE overflows."""
+        drops (loss), and for the delay line the kernel-side NFQUEUE overflows. With `isolate`, also the
+        drops and packets of each class (interactive_*, bulk_*)."""
         egress = {"up": "veth-rr", "down": "veth-rs"}
         def read(ipr: IPRoute) -> dict:
             out = {}
             for direction, dev in egress.items():
                 idx = _ifindex(ipr, dev)
-                out[direction] = (backends.qdisc_stats(ipr, idx), ipr.get_links(idx)[0].get_attr("IFLA_STATS64") or {})
+                out[direction] = (backends.qdisc_stats_by_handle(ipr, idx), backends.class_stats(ipr, idx),
+                                  ipr.get_links(idx)[0].get_attr("IFLA_STATS64") or {})
             return out
 
         kernel = in_netns(self.router_ns, read)
         out: dict[str, dict[str, int]] = {}
-        for direction, (qd, st64) in kernel.items():
-            queue_drops = sum(v["drops"] for k, v in qd.items() if k in ("tbf", "pfifo"))
-            random_drops = qd.get("netem", {}).get("drops", 0)
+        for direction, (qd, classes, st64) in kernel.items():
+            # Parents count their children's drops: the shaper (tbf/htb 2:) holds every queue drop
+            # once, and netem's own count is its random drops plus the shaper's.
+            queue_drops = qd.get(backends.SHAPER_HANDLE, {}).get("drops", 0)
+            netem = next((v for v in qd.values() if v["kind"] == "netem"), None)
+            random_drops = max(0, netem["drops"] - queue_drops) if netem else 0
             rec = {"packets": st64.get("tx_packets", 0), "bytes": st64.get("tx_bytes", 0),
                    "queue_drops": queue_drops, "random_drops": random_drops, "delay_overflows": 0}
+            if getattr(self.profile, direction).isolate is not None:
+                for name, classid in (("interactive", backends.INTERACTIVE_CLASS), ("bulk", backends.BULK_CLASS)):
+                    c = classes.get(classid, {})
+                    rec[f"{name}_packets"] = c.get("packets", 0)
+                    rec[f"{name}_drops"] = c.get("drops", 0)
             dl = self._delaylines.get(direction)
             if dl is not None:
                 s = dl.stats()
