@@ -7,8 +7,10 @@
  *   tp_btf/tcp_retransmit_skb   retransmit counters per flow and per algorithm
  *   tp_btf/inet_sock_set_state  final values when a tracked flow reaches TCP_CLOSE
  *
- * The hot path (tcp_probe between samples) is one hash lookup and a compare.
- * Nothing here ever blocks: a full ring buffer only bumps a counter.
+ * The hot path (tcp_probe between samples) is an inlined per-CPU array
+ * access and a compare against the socket's own clock (tp->tcp_mstamp): no
+ * clock read, no hash lookup. Nothing here ever blocks: a full ring buffer only
+ * bumps a counter.
  */
 #include <linux/types.h>
 #include <linux/bpf.h>
@@ -32,6 +34,26 @@ struct {
 	__type(key, __u64);
 	__type(value, struct flow);
 } flows SEC(".maps");
+
+/*
+ * Sampling gate: a small per-CPU direct-mapped cache of "socket cookie -> time of
+ * its next sample". A hit costs an inlined array access and a compare; a miss
+ * (new socket, collision, or another CPU sampled it) falls back to the flow
+ * map, which holds the authoritative last sample time.
+ */
+#define GATE_SLOTS 1024
+
+struct gate_slot {
+	__u64 cookie;
+	__u64 next_us; /* tcp_mstamp before which tcp_probe does nothing */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, GATE_SLOTS);
+	__type(key, __u32);
+	__type(value, struct gate_slot);
+} gates SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -218,18 +240,41 @@ static __always_inline struct flow *create_flow(struct sock *sk, struct tcp_sock
 SEC("tp_btf/tcp_probe")
 int BPF_PROG(tcp_probe, struct sock *sk, const struct sk_buff *skb)
 {
-	struct config *cfg = get_config();
-	__u64 now = bpf_ktime_get_ns();
+	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
 	__u64 cookie = bpf_get_socket_cookie(sk);
-	struct flow *f = bpf_map_lookup_elem(&flows, &cookie);
-	struct tcp_sock *tp;
+	__u32 slot = cookie & (GATE_SLOTS - 1); /* cookies are sequential: recent sockets get distinct slots */
+	struct gate_slot *gate;
+	struct config *cfg;
+	struct flow *f;
+	__u64 now, interval_ns, mstamp_ns;
 
 	count(CCSCOPE_CNT_PROBE_EVENTS);
-	if (f && cfg && now - f->last_ns < cfg->sample_interval_ns)
-		return 0;
-	tp = bpf_skc_to_tcp_sock(sk);
 	if (!tp)
 		return 0;
+	gate = bpf_map_lookup_elem(&gates, &slot);
+	if (!gate)
+		return 0;
+	/*
+	 * tcp_mstamp is the stack's own clock (us, CLOCK_MONOTONIC) as of the
+	 * socket's previous event: stale by at most one packet, and free to read.
+	 */
+	if (gate->cookie == cookie && tp->tcp_mstamp < gate->next_us)
+		return 0;
+
+	cfg = get_config();
+	if (!cfg)
+		return 0;
+	interval_ns = cfg->sample_interval_ns;
+	mstamp_ns = tp->tcp_mstamp * 1000;
+	f = bpf_map_lookup_elem(&flows, &cookie);
+	if (f && mstamp_ns < f->last_ns + interval_ns) {
+		gate->cookie = cookie; /* learn it on this CPU */
+		gate->next_us = (f->last_ns + interval_ns) / 1000;
+		return 0;
+	}
+	now = bpf_ktime_get_ns();
+	gate->cookie = cookie;
+	gate->next_us = (now + interval_ns) / 1000;
 	if (!f) {
 		f = create_flow(sk, tp, cookie, now);
 		if (!f)

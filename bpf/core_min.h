@@ -92,6 +92,7 @@ struct tcp_sock {
 	__u64 bytes_acked;
 	__u64 bytes_sent;
 	__u64 bytes_received;
+	__u64 tcp_mstamp;
 };
 
 struct sk_buff;
