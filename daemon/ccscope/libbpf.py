@@ -90,18 +90,32 @@ class Libbpf:
         )
 
     def _on_print(self, level: int, fmt: bytes, va_list: int) -> int:
-        buf = ctypes.create_string_buffer(1024)
+        # libbpf hands the verifier log over as one message of many lines
+        buf = ctypes.create_string_buffer(1 << 16)
         _libc.vsnprintf(buf, len(buf), fmt, va_list)
-        line = buf.value.decode(errors="replace").rstrip()
-        if line:
-            self.log.append(line)
-            del self.log[:-200]
+        lines = [line.rstrip() for line in buf.value.decode(errors="replace").splitlines()]
+        self.log.extend(line for line in lines if line)
+        del self.log[:-500]
         return 0
 
     def last_log(self, skip_prefixes: tuple[str, ...] = ()) -> str:
+        """The most telling line: the verifier's verdict if a program was rejected, else libbpf's last."""
+        verdict = self._verifier_verdict()
+        if verdict:
+            return verdict
         for line in reversed(self.log):
             if not line.startswith(skip_prefixes):
                 return line
+        return ""
+
+    def _verifier_verdict(self) -> str:
+        """In a program load log, the line before the `processed N insns` summary says why."""
+        for index in range(len(self.log) - 1, 0, -1):
+            if self.log[index].startswith("processed ") and " insns " in self.log[index]:
+                program = next((line.split("'")[1] for line in reversed(self.log[:index])
+                                if "BEGIN PROG LOAD LOG" in line and "'" in line), "")
+                reason = self.log[index - 1].strip()
+                return f"program {program}: {reason}" if program else reason
         return ""
 
     def check_ptr(self, ptr: int | None, what: str) -> int:
