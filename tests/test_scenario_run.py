@@ -141,11 +141,20 @@ def test_bufferbloat_large_queue_raises_rtt_under_load(ccscope_cmd, tmp_path, ho
     assert res.returncode == 0, res.stderr
     doc = results.load(out)
     rows = {r["profile"]: r for r in doc["summary"]}
-    small, large = rows["small-queue"], rows["large-queue"]
+    small, large, isolated = rows["small-queue"], rows["large-queue"], rows["large-queue-isolated"]
     # 10 Mbit/s, 20 ms RTT: 20 packets of queue add ~24 ms, 100 packets ~120 ms
     assert large["ping_p95_ms"]["mean"] > 2 * small["ping_p95_ms"]["mean"]
     assert large["srtt_p95_ms"]["mean"] > 2 * small["srtt_p95_ms"]["mean"]
     assert small["ping_p95_ms"]["mean"] > 20.0  # still above the base RTT: the queue is in use
+    # the fix: ping and downloads in their own queue skip the bulk flow's 100 packets ...
+    assert isolated["ping_p95_ms"]["mean"] < 0.5 * large["ping_p95_ms"]["mean"]
+    dl = {name: row["downloads"]["by_size"]["100000"]["completion_time_s"]["mean"] for name, row in rows.items()}
+    assert dl["large-queue-isolated"] < 0.6 * dl["large-queue"], dl
+    # ... while the bulk flow keeps its queue (its own RTT stays bloated) and the link rate
+    assert isolated["srtt_p95_ms"]["mean"] > 2 * small["srtt_p95_ms"]["mean"]
+    assert isolated["goodput_bps"]["mean"] > 0.85 * large["goodput_bps"]["mean"]
+    iso_runs = [r for r in doc["runs"] if r["profile"] == "large-queue-isolated"]
+    assert iso_runs and all(r["link"]["up"]["interactive_packets"] > 0 for r in iso_runs)
     for run in doc["runs"]:
         assert run["downloads"], "short downloads ran"
         assert all(d["algorithm_kernel"] == "cubic" for d in run["downloads"] if d["csv"])

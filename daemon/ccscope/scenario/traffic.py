@@ -19,12 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import ccscope
+from ccscope.emulation.profile import SHORT_FLOW_PORT
 from ccscope.errors import CcscopeError
 
 from .spec import Scenario
 
 IPERF_BASE_PORT = 5201
-FETCH_PORT = 5300
+FETCH_PORT = SHORT_FLOW_PORT  # a profile's `isolate` puts this port in the interactive queue
 START_SLACK_S = 15.0  # connect + JSON output beyond the flow's own duration
 
 
