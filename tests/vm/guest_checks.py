@@ -312,23 +312,42 @@ def check_fq_bbr(probe: Probe) -> dict:
         drop_netns("klfqs", "klfqr")
 
 
+def routed_path() -> str:
+    """sender klnes -- router klnet -- receiver klner; returns the receiver's address. The router's
+    egress to the receiver (`vo`) is where impairments go: netem there sees single packets, because
+    the sender's veth has tso/gso off (TCP always builds GSO skbs; they are split when leaving it).
+    netem on the sender's own interface would see the GSO skbs and drop whole bursts."""
+    for ns in ("klnes", "klnet", "klner"):
+        netns(ns)
+    sh("ip", "-n", "klnes", "link", "add", "vs", "type", "veth", "peer", "name", "vi", "netns", "klnet")
+    sh("ip", "-n", "klnet", "link", "add", "vo", "type", "veth", "peer", "name", "vr", "netns", "klner")
+    for ns, dev, addr in (("klnes", "vs", "192.0.2.1/24"), ("klnet", "vi", "192.0.2.2/24"),
+                          ("klnet", "vo", "198.51.100.1/24"), ("klner", "vr", "198.51.100.2/24")):
+        sh("ip", "-n", ns, "addr", "add", addr, "dev", dev)
+        sh("ip", "-n", ns, "link", "set", dev, "up")
+    sh("ip", "netns", "exec", "klnes", "ethtool", "-K", "vs", "tso", "off", "gso", "off")
+    sh("ip", "netns", "exec", "klnet", "ethtool", "-K", "vi", "gro", "off")
+    sh("ip", "netns", "exec", "klnet", "sysctl", "-qw", "net.ipv4.ip_forward=1")
+    sh("ip", "-n", "klnes", "route", "add", "default", "via", "192.0.2.2")
+    sh("ip", "-n", "klner", "route", "add", "default", "via", "198.51.100.1")
+    return "198.51.100.2"
+
+
 def _flow_over(qdisc: list[str], nbytes: int, probe: Probe) -> dict:
-    """One flow through a fresh veth pair whose sender side has `qdisc` (netem args) at root."""
+    """One flow over a fresh routed path whose router egress has `qdisc` (netem args) at root."""
     try:
-        _, right = veth_pair("klnes", "klner", net="198.51.100")
-        # netem drops whole skbs: with TSO/GSO one drop would take out a 64 KB burst, not 2% of segments.
-        sh("ip", "netns", "exec", "klnes", "ethtool", "-K", "vl", "tso", "off", "gso", "off")
+        receiver = routed_path()
         if qdisc:
-            sh("ip", "netns", "exec", "klnes", "tc", "qdisc", "replace", "dev", "vl", "root", "netem", *qdisc)
-        flow = BulkFlow("klner", right, "klnes", nbytes, timeout=120)
+            sh("ip", "netns", "exec", "klnet", "tc", "qdisc", "replace", "dev", "vo", "root", "netem", *qdisc)
+        flow = BulkFlow("klner", receiver, "klnes", nbytes, timeout=120)
         try:
             return {"qdisc": qdisc, "socket_ca": flow.ca, "tcp_info": flow.info, "seconds": flow.seconds,
-                    "netem": qdisc_stats("klnes", "vl"),
+                    "netem": qdisc_stats("klnet", "vo"),
                     "telemetry": probe.flow(flow.sport, flow.dport, netns_inode("klnes"))}
         finally:
             flow.close()
     finally:
-        drop_netns("klnes", "klner")
+        drop_netns("klnes", "klnet", "klner")
 
 
 def check_netem(probe: Probe) -> dict:
