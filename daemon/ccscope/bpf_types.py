@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import struct
+from collections import namedtuple
 
 CA_NAME_LEN = 16
 HIST_SLOTS = 28
@@ -93,6 +95,28 @@ class Hist(ctypes.Structure):
 
 class Config(ctypes.Structure):
     _fields_ = [("sample_interval_ns", u64), ("emit_samples", u32), ("__pad0", u32)]
+
+
+def _struct_format(cls: type[ctypes.Structure]) -> str:
+    """A struct-module format equal to the ctypes layout (explicit padding, so no alignment: '=')."""
+    codes = {u8: "B", u16: "H", u32: "I", u64: "Q"}
+    parts = []
+    for _, ctype in cls._fields_:
+        if ctype in codes:
+            parts.append(codes[ctype])
+        else:  # arrays of bytes or chars
+            parts.append(f"{ctypes.sizeof(ctype)}s")
+    return "=" + "".join(parts)
+
+
+# Ring-buffer samples are unpacked in one call into a namedtuple with Flow's field names: several times
+# cheaper per sample than ctypes attribute access. Array fields (addresses, ca_name) come out as raw bytes.
+FLOW_STRUCT = struct.Struct(_struct_format(Flow))
+FlowTuple = namedtuple("FlowTuple", [name.lstrip("_") for name, _ in Flow._fields_])
+
+
+def unpack_flow(data: bytes) -> FlowTuple:
+    return FlowTuple._make(FLOW_STRUCT.unpack_from(data))
 
 
 # Name in ccscope.h -> ctypes mirror, for the layout test.

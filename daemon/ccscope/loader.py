@@ -235,11 +235,9 @@ class TelemetryProbe:
             totals[counter] = sum(values)
         return totals
 
-    def ring_buffer(self, handler: Callable[[bt.Flow], None]) -> RingBuffer:
-        def decode(data: bytes) -> None:
-            handler(bt.Flow.from_buffer_copy(data[: ctypes.sizeof(bt.Flow)]))
-
-        return RingBuffer(self.libbpf, self._maps["samples"], decode)
+    def ring_buffer(self, handler: Callable[[bt.FlowTuple], None]) -> RingBuffer:
+        """Samples reach `handler` as bt.FlowTuple (fields named as in struct flow)."""
+        return RingBuffer(self.libbpf, self._maps["samples"], lambda data: handler(bt.unpack_flow(data)))
 
     def program_fds(self) -> dict[str, int]:
         lib = self.libbpf.lib
