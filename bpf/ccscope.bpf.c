@@ -116,7 +116,7 @@ static __always_inline __u32 log2_u64(__u64 v)
 	return r;
 }
 
-static __always_inline void observe(const char *ca_name, __u32 kind, __u64 value_us)
+static __always_inline void observe(const char *ca_name, __u32 kind, __u32 value_us)
 {
 	struct hist_key key = { .kind = kind };
 	struct hist *h;
@@ -132,9 +132,14 @@ static __always_inline void observe(const char *ca_name, __u32 kind, __u64 value
 		if (!h)
 			return;
 	}
+	/*
+	 * Values are u32 microseconds, so log2 <= 31 < CCSCOPE_HIST_SLOTS. The
+	 * barrier keeps clang from folding the mask into log2's arithmetic,
+	 * where the 6.1 verifier loses track of the bound.
+	 */
 	slot = log2_u64(value_us);
-	if (slot >= CCSCOPE_HIST_SLOTS)
-		slot = CCSCOPE_HIST_SLOTS - 1;
+	barrier_var(slot);
+	slot &= CCSCOPE_HIST_SLOTS - 1;
 	__sync_fetch_and_add(&h->slots[slot], 1);
 	__sync_fetch_and_add(&h->sum_us, value_us);
 }

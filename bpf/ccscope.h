@@ -11,7 +11,7 @@
 #define __CCSCOPE_H
 
 #define CCSCOPE_CA_NAME_LEN 16
-#define CCSCOPE_HIST_SLOTS 28 /* log2 buckets of microseconds: up to 2^28 us (~4.5 min) */
+#define CCSCOPE_HIST_SLOTS 32 /* log2 buckets of microseconds; a power of two, see observe() */
 
 /* Why a flow record was emitted to the ring buffer. */
 enum ccscope_event {

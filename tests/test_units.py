@@ -166,7 +166,7 @@ def test_histogram_buckets_cumulative_in_seconds() -> None:
     hist = bt.Hist()
     hist.slots[0] = 1      # [0, 2) us
     hist.slots[10] = 5     # [1024, 2048) us
-    hist.slots[27] = 2     # overflow slot -> only in +Inf
+    hist.slots[bt.HIST_SLOTS - 1] = 2  # top slot -> only in +Inf
     buckets = histogram_buckets(hist)
     assert len(buckets) == bt.HIST_SLOTS
     assert buckets[0] == (repr(2e-6), 1)

@@ -8,7 +8,7 @@ import struct
 from collections import namedtuple
 
 CA_NAME_LEN = 16
-HIST_SLOTS = 28
+HIST_SLOTS = 32
 
 u8, u16, u32, u64 = ctypes.c_uint8, ctypes.c_uint16, ctypes.c_uint32, ctypes.c_uint64
 
