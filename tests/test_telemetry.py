@@ -183,10 +183,12 @@ def test_iperf3_flow_retransmits_and_algorithm_match(link: Link, probe, cc: str)
     assert sent["retransmits"] > 0  # the 24 KB queue overflows, else this check would be vacuous
     assert sent["retransmits"] <= flow.retransmits <= sent["retransmits"] * 1.10 + 10, (
         flow.retransmits, sent["retransmits"])
-    # Acked bytes lie between what the server read and what the client wrote (+ iperf3's 37-byte stream cookie);
-    # the server closes at the end of the test with data still in flight, so the two differ.
+    # Acked bytes are at most what the client wrote (+ iperf3's 37-byte stream cookie), and close to what the server
+    # read: the server closes at the end of the test with data and ACKs still in flight, so they differ either way
+    # (seen: acked one segment below received, when the server's last ACK died with the reset).
     received = result["end"]["sum_received"]["bytes"]
-    assert received <= flow.bytes_acked <= sent["bytes"] + 64, (received, flow.bytes_acked, sent["bytes"])
+    assert flow.bytes_acked <= sent["bytes"] + 64, (flow.bytes_acked, sent["bytes"])
+    assert abs(flow.bytes_acked - received) <= 0.02 * received + 64 * 1024, (received, flow.bytes_acked)
 
 
 @pytest.mark.parametrize("cc", ["cubic"])
