@@ -112,7 +112,7 @@ static uint64_t trace_loop;
 static int64_t trace_carry;
 
 static struct {
-	uint64_t packets, bytes, accepted, random_drops, queue_drops, enobufs, max_held, seq;
+	uint64_t packets, bytes, accepted, random_drops, queue_drops, enobufs, max_held, seq, stamped;
 } st;
 
 static uint32_t max_accept_id;
@@ -125,6 +125,34 @@ static int64_t now_ns(void)
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+// When the packet reached the router, on the monotonic clock. The kernel stamps arriving packets
+// (CLOCK_REALTIME) once any socket asks for timestamps, which enable_kernel_timestamps() does; the
+// NFQUEUE message carries the stamp. Counting the delay from it rather than from our own receipt keeps
+// the kernel-to-userspace wake-up latency out of the emulated delay. Falls back to `now`.
+static int64_t arrival_ns(struct nfq_data *nfa, int64_t now)
+{
+	struct timeval tv;
+	struct timespec real;
+	if (nfq_get_timestamp(nfa, &tv) != 0 || tv.tv_sec == 0)
+		return now;
+	clock_gettime(CLOCK_REALTIME, &real);
+	int64_t age = ((int64_t)real.tv_sec - tv.tv_sec) * 1000000000LL + (int64_t)real.tv_nsec -
+		      (int64_t)tv.tv_usec * 1000LL;
+	if (age < 0 || age > 1000000000LL) // clock stepped, or a stale stamp: trust our own clock
+		return now;
+	st.stamped++;
+	return now - age;
+}
+
+// Kernel receive timestamps are on only while some socket wants them: this one, for our lifetime.
+static void enable_kernel_timestamps(void)
+{
+	int one = 1;
+	int fd = socket(AF_INET, SOCK_DGRAM, 0);
+	if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_TIMESTAMP, &one, sizeof(one)) != 0)
+		perror("ccscope-delayline: SO_TIMESTAMP (delays count from our receipt instead)");
 }
 
 static uint64_t rng_next(void) // xorshift64*
@@ -184,9 +212,10 @@ static void write_stats(void)
 	fprintf(f,
 		"seq %" PRIu64 "\npackets %" PRIu64 "\nbytes %" PRIu64 "\naccepted %" PRIu64
 		"\nrandom_drops %" PRIu64 "\nqueue_drops %" PRIu64 "\nkernel_queue_dropped %" PRIu64
-		"\nkernel_user_dropped %" PRIu64 "\nenobufs %" PRIu64 "\nmax_held %" PRIu64 "\nheld %zu\n",
+		"\nkernel_user_dropped %" PRIu64 "\nenobufs %" PRIu64 "\nmax_held %" PRIu64 "\nheld %zu"
+		"\nkernel_stamped %" PRIu64 "\n",
 		st.seq, st.packets, st.bytes, st.accepted, st.random_drops, st.queue_drops, kqd, kud, st.enobufs,
-		st.max_held, delayq.n + traceq.n);
+		st.max_held, delayq.n + traceq.n, st.stamped);
 	fclose(f);
 	rename(tmp, stats_path);
 }
@@ -289,7 +318,7 @@ static int on_packet(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_d
 		nfq_set_verdict(qh, id, NF_DROP, 0, NULL);
 		return 0;
 	}
-	int64_t now = now_ns();
+	int64_t now = arrival_ns(nfa, now_ns());
 	int64_t d = delay_ns;
 	if (jitter_ns)
 		d += (int64_t)((rng_unit() * 2.0 - 1.0) * (double)jitter_ns);
@@ -426,6 +455,7 @@ int main(int argc, char **argv)
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGHUP, &sa, NULL);
 
+	enable_kernel_timestamps();
 	trace_base = now_ns();
 	write_stats();
 	printf("ready\n");
@@ -440,8 +470,12 @@ int main(int argc, char **argv)
 		iovs[i] = (struct iovec){.iov_base = bufs[i], .iov_len = sizeof(bufs[i])};
 		msgs[i].msg_hdr = (struct msghdr){.msg_iov = &iovs[i], .msg_iovlen = 1};
 	}
+	// Waking from ppoll takes time (timer, scheduler): `early` is the running mean of that lateness, and
+	// we ask to wake that much before a release is due and treat what is due by then as due, so that
+	// releases land on time on average instead of always late.
+	int64_t early = 0;
 	while (!want_exit) {
-		int64_t next = run_due(qh, now_ns());
+		int64_t next = run_due(qh, now_ns() + early);
 		if (have_accept) {
 			nfq_set_verdict_batch(qh, max_accept_id, NF_ACCEPT);
 			have_accept = 0;
@@ -451,8 +485,9 @@ int main(int argc, char **argv)
 			write_stats();
 		}
 		struct timespec ts, *tsp = NULL;
+		int64_t wake_at = next - early;
 		if (next >= 0) {
-			int64_t wait = next - now_ns();
+			int64_t wait = wake_at - now_ns();
 			if (wait < 0)
 				wait = 0;
 			ts.tv_sec = wait / 1000000000LL;
@@ -461,6 +496,13 @@ int main(int argc, char **argv)
 		}
 		struct pollfd pfd = {.fd = fd, .events = POLLIN};
 		int r = ppoll(&pfd, 1, tsp, &empty);
+		if (r == 0 && next >= 0) {
+			int64_t late = now_ns() - wake_at;
+			if (late >= 0 && late < 1000000) // ignore outliers (preempted for a whole ms)
+				early += (late - early) / 8;
+			if (early > 200000)
+				early = 200000;
+		}
 		if (r <= 0)
 			continue;
 		for (int round = 0; round < 4; round++) {

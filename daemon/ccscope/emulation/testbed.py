@@ -357,7 +357,10 @@ class Testbed:
         rtt_tolerance is (relative, absolute seconds): ok when |measured - expected| <= rel*expected + abs.
         The rate probe offers 25% above the configured rate; ok when delivered >= (1 - rate_tolerance)
         of it and not above (1 + rate_tolerance)."""
-        expected_rtt = self.profile.base_rtt_s
+        # A ping also spends its own transmission time at each bottleneck, as on a real link.
+        expected_rtt = self.profile.base_rtt_s + sum(
+            PING_FRAME_BYTES * 8 / rate for rate in (self.profile.up.effective_rate_bps(),
+                                                     self.profile.down.effective_rate_bps()) if rate)
         samples = self.ping_rtts()
         if not samples:
             raise CcscopeError(f"no ping reply from {self.receiver_addr} through the emulated path")
@@ -375,6 +378,9 @@ class Testbed:
                   if rate is not None and rate_expected is not None else "rate unlimited (not probed)")
                + f" [{self.backend}]")
         return VerifyResult(expected_rtt, rtt, rtt_ok, rate_expected, rate, rate_ok, msg)
+
+
+PING_FRAME_BYTES = 98  # default ping: 56 data + 8 ICMP + 20 IPv4 + 14 Ethernet
 
 
 def _ifindex(ipr: IPRoute, dev: str) -> int:
