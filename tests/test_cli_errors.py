@@ -159,6 +159,10 @@ def test_check_passes_here() -> None:
     result = run_cli("check")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "load and attach" in result.stdout and "FAIL" not in result.stdout
+    # The backend scenarios will get on this kernel: netem where the kernel has it, else the fallback.
+    emulation = next(line for line in result.stdout.splitlines() if line.startswith("link emulation"))
+    has_netem = "netem" in emulation.split("qdiscs:")[-1]
+    assert ("netem backend" if has_netem else "userspace backend") in emulation, emulation
 
 
 def test_interrupted_trace_has_no_traceback() -> None:

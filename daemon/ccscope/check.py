@@ -110,12 +110,30 @@ def check_tools() -> Result:
     return Result("scenario tools", "ok", ", ".join(SCENARIO_TOOLS))
 
 
+def check_emulation() -> Result:
+    """Which link-emulation backend scenarios will get (tried in a scratch namespace)."""
+    from .emulation.backends import probe_backends
+
+    try:
+        caps = probe_backends()
+    except CcscopeError as exc:
+        return Result("link emulation", "warn", f"cannot probe: {exc.line()}")
+    qdiscs = " ".join(sorted(caps.qdiscs)) or "none"
+    if caps.netem:
+        return Result("link emulation", "ok", f"netem backend (qdiscs: {qdiscs})")
+    if caps.userspace:
+        return Result("link emulation", "ok", f"userspace backend: no sch_netem, tbf + NFQUEUE delay line "
+                                              f"(qdiscs: {qdiscs})")
+    why = caps.nfqueue_error or ("delay line not built: make all" if caps.delayline is None else "no tbf")
+    return Result("link emulation", "warn", f"scenarios cannot run: no netem and no fallback ({why})")
+
+
 def run_checks() -> list[Result]:
     results = [check_privileges(), check_kernel(), check_btf(), check_tracepoints(), check_libbpf(),
                check_object()]
     if not any(r.failed for r in results):
         results.append(check_attach())
-    results += [check_algorithms(), check_tools()]
+    results += [check_algorithms(), check_tools(), check_emulation()]
     return results
 
 
