@@ -24,6 +24,7 @@
 #define AF_INET 2
 #define AF_INET6 10
 #define TCP_CLOSE 7
+#define RINGBUF_WAKEUP_BYTES (256 << 10) /* the loader never sizes the ring below 1 MiB */
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -208,7 +209,13 @@ static __always_inline void emit(const struct flow *f, __u8 event, const struct 
 	}
 	__builtin_memcpy(sample, f, sizeof(*sample));
 	sample->event = event;
-	bpf_ringbuf_submit(sample, 0);
+	/*
+	 * No wakeup per sample: consumers drain on their own timer (every
+	 * 50-100 ms), which turns thousands of wakeups a second into a few.
+	 * A filling buffer still wakes them at once.
+	 */
+	bpf_ringbuf_submit(sample, bpf_ringbuf_query(&samples, BPF_RB_AVAIL_DATA) > RINGBUF_WAKEUP_BYTES ?
+					   BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP);
 	count(CCSCOPE_CNT_SAMPLES);
 }
 

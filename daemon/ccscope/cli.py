@@ -200,17 +200,14 @@ def cmd_trace(args: argparse.Namespace) -> int:
     stop = _stop_event()
     wall_offset = time.time() - monotonic_ns() / 1e9
     emitted = 0
+    pending: list[str] = []  # written once per poll: one write per batch, not per sample
 
     def on_sample(raw) -> None:
         nonlocal emitted
         flow = decode(raw)
         if not flow_filter.matches(flow) or stop.is_set():
             return
-        try:
-            print(_trace_line(flow, wall_offset, args.json), flush=True)
-        except BrokenPipeError:  # `ccscope trace | head`
-            stop.set()
-            return
+        pending.append(_trace_line(flow, wall_offset, args.json))
         emitted += 1
         if args.count is not None and emitted >= args.count:
             stop.set()
@@ -221,6 +218,9 @@ def cmd_trace(args: argparse.Namespace) -> int:
         try:
             while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
                 ring.poll(100)
+                if pending and not _write_lines(pending):
+                    break
+                pending.clear()
         finally:
             ring.close()
             lost = probe.counters()
@@ -230,6 +230,19 @@ def cmd_trace(args: argparse.Namespace) -> int:
         print(f"ccscope: {lost[Counter.SAMPLES_LOST]} samples lost (ring buffer full)", file=sys.stderr)
     _quiet_stdout_close()
     return 0
+
+
+def _write_lines(lines: list[str]) -> bool:
+    """Write every byte, also across partial writes a signal causes on a full pipe; False once the reader is
+    gone (`ccscope trace | head`)."""
+    sys.stdout.flush()
+    view = memoryview(("\n".join(lines) + "\n").encode())
+    while view:
+        try:
+            view = view[os.write(sys.stdout.fileno(), view):]
+        except BrokenPipeError:
+            return False
+    return True
 
 
 def _quiet_stdout_close() -> None:

@@ -152,7 +152,12 @@ class RingBuffer:
         return 0
 
     def poll(self, timeout_ms: int) -> int:
+        """Wait up to timeout_ms, then drain the buffer. The BPF side does not wake us per sample (only when
+        the buffer fills up), so the drain after the wait is what delivers most records."""
         ret = self._libbpf.lib.ring_buffer__poll(self._rb, timeout_ms)
+        if ret >= 0 and self.error is None:
+            consumed = self._libbpf.lib.ring_buffer__consume(self._rb)
+            ret = ret + consumed if consumed > 0 else ret
         if self.error is not None:
             error, self.error = self.error, None
             raise error

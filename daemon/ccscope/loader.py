@@ -270,6 +270,6 @@ def _cstr(raw: bytes) -> str:
 
 
 def _ringbuf_size(requested: int) -> int:
-    """Ring buffers must be a power of two pages."""
-    size = max(requested, os.sysconf("SC_PAGE_SIZE"))
+    """Ring buffers must be a power of two pages; at least 1 MiB."""
+    size = max(requested, 1 << 20)  # >= 4x the BPF side's wakeup threshold
     return 1 << (size - 1).bit_length()
