@@ -249,11 +249,23 @@ static __always_inline struct flow *create_flow(struct sock *sk, struct tcp_sock
 	return bpf_map_lookup_elem(&flows, &cookie);
 }
 
+/*
+ * The socket's cookie as bpf_get_socket_cookie() gives it, without the
+ * helper call on the hot path once the cookie exists (it is assigned on
+ * first use and never changes).
+ */
+static __always_inline __u64 socket_cookie(struct sock *sk)
+{
+	__u64 cookie = sk->__sk_common.skc_cookie.counter;
+
+	return cookie ? cookie : bpf_get_socket_cookie(sk);
+}
+
 SEC("tp_btf/tcp_probe")
 int BPF_PROG(tcp_probe, struct sock *sk, const struct sk_buff *skb)
 {
 	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
-	__u64 cookie = bpf_get_socket_cookie(sk);
+	__u64 cookie = socket_cookie(sk);
 	__u32 slot = cookie & (GATE_SLOTS - 1); /* cookies are sequential: recent sockets get distinct slots */
 	struct gate_slot *gate;
 	struct config *cfg;

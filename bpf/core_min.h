@@ -29,7 +29,12 @@ struct in6_addr {
 	} in6_u;
 };
 
+typedef struct {
+	__s64 counter;
+} atomic64_t;
+
 struct sock_common {
+	atomic64_t skc_cookie;
 	__be32 skc_daddr;
 	__be32 skc_rcv_saddr;
 	__be16 skc_dport;
