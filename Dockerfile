@@ -15,6 +15,7 @@ WORKDIR /src
 COPY Makefile pyproject.toml README.md ./
 COPY bpf/ bpf/
 COPY daemon/ daemon/
+COPY scenarios/ scenarios/
 RUN make all
 RUN python3 -m venv /opt/ccscope \
  && /opt/ccscope/bin/pip install -q --no-cache-dir --upgrade pip \

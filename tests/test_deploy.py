@@ -162,10 +162,11 @@ def test_dockerfile_builds_with_the_same_commands_as_ci():
     assert {"clang", "libbpf-dev", "make"} <= _apt_packages(apt)
     # Everything the Makefile's bpf and delayline targets read is copied in, and not dockerignored.
     copied = " ".join(rest for op, rest in build if op == "COPY")
-    for needed in ("Makefile", "pyproject.toml", "README.md", "bpf/", "daemon/"):
+    # scenarios/: daemon/ccscope/scenarios links to it, and the wheel ships the built-ins from there.
+    for needed in ("Makefile", "pyproject.toml", "README.md", "bpf/", "daemon/", "scenarios/"):
         assert needed in copied, needed
     ignored = (ROOT / ".dockerignore").read_text().split()
-    assert not {"bpf", "daemon", "Makefile", "pyproject.toml", "README.md"} & set(ignored)
+    assert not {"bpf", "daemon", "scenarios", "Makefile", "pyproject.toml", "README.md"} & set(ignored)
     assert "daemon/ccscope/bpf/*.o" in ignored and ".venv" in ignored
 
 
