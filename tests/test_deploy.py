@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 from ccscope import cli, loader
-from conftest import ROOT, require_bpf_object, require_root, require_tools
+from conftest import ROOT, require, require_bpf_object, require_root, require_tools
 
 DEPLOY = ROOT / "deploy"
 COMPOSE = DEPLOY / "compose"
@@ -403,3 +403,23 @@ def test_yaml_parses(path: Path):
 
 
 
+
+
+def test_wheel_ships_the_bpf_object_delay_line_and_scenarios(tmp_path: Path) -> None:
+    """What a non-editable install (the Docker image, pip install .) gets: the runtime files are in the wheel."""
+    import zipfile
+
+    require_bpf_object()
+    delayline = ROOT / "daemon/ccscope/emulation/ccscope-delayline"
+    require(delayline.is_file(), "delay line not built: make all")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path), str(ROOT)],
+                   check=True, capture_output=True, timeout=300)
+    wheel = next(tmp_path.glob("ccscope-*.whl"))
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+        mode = zf.getinfo("ccscope/emulation/ccscope-delayline").external_attr >> 16
+    assert "ccscope/bpf/ccscope.bpf.o" in names
+    assert mode & 0o111, "the delay line must stay executable"
+    shipped = {Path(n).name for n in names if n.startswith("ccscope/scenarios/")}
+    assert shipped == {p.name for p in (ROOT / "scenarios").glob("*.yaml")}
+    assert "wired-vs-wireless.yaml" in shipped
