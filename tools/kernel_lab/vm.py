@@ -102,8 +102,15 @@ def qemu_command(kernel: Kernel, initrd: Path, ctl: Path, spec: RunSpec) -> list
     return cmd
 
 
+GUEST_TMPFS = ("/tmp", "/run")  # the guest mounts its own tmpfs over these
+
+
 def _all_shares(spec: RunSpec) -> list[str]:
-    return [str(guest_home()), *spec.shares]
+    """guest HOME, then the working directory if the guest's tmpfs would hide it (a checkout under /tmp, as
+    CI may use), then the --share directories (after it, so ones nested in it are mounted on top)."""
+    cwd = os.path.realpath(spec.cwd)
+    hidden = any(cwd == d or cwd.startswith(d + "/") for d in GUEST_TMPFS)
+    return [str(guest_home()), *([cwd] if hidden else []), *spec.shares]
 
 
 class _Forwarder:
