@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import signal
@@ -213,6 +214,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
             stop.set()
 
     deadline = time.monotonic() + duration if duration else None
+    gc.freeze()  # per-sample objects die by refcount; spare the collector walking everything imported at start
     with TelemetryProbe(_probe_options(args, emit_samples=True)) as probe:
         ring = probe.ring_buffer(on_sample)
         try:
