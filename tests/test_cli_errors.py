@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from ccscope import check
 from ccscope.errors import BpfError, PrerequisiteError, UsageError
-from conftest import require, require_bpf_object, require_root, require_tools
+from prereqs import require, require_bpf_object, require_root, require_tools
 
 USAGE, PREREQ, BPF = UsageError.exit_code, PrerequisiteError.exit_code, BpfError.exit_code
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, require, require_bpf_object, require_root, require_tools
+from prereqs import ROOT, require, require_bpf_object, require_root, require_tools
 
 DASHBOARDS = ROOT / "dashboards"
 RULES = sorted((ROOT / "deploy" / "prometheus" / "rules").glob("*.yml"))

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 from ccscope import cli, loader
-from conftest import ROOT, require, require_bpf_object, require_root, require_tools
+from prereqs import ROOT, require, require_bpf_object, require_root, require_tools
 
 DEPLOY = ROOT / "deploy"
 COMPOSE = DEPLOY / "compose"

@@ -19,8 +19,8 @@ from ccscope.emulation import PathProfile, Testbed, cleanup_all, probe_backends
 from ccscope.emulation import state as emu_state
 from ccscope.emulation.backends import DELAYLINE
 from ccscope.emulation.profile import SHORT_FLOW_PORT
-from conftest import require, require_root, require_tools
 from emulation_helpers import HostSnapshot
+from prereqs import require, require_root, require_tools
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 from ccscope import bpf_types as bt
-from conftest import ROOT, require_bpf_object, require_tools
+from prereqs import ROOT, require_bpf_object, require_tools
 
 _TYPE = re.compile(r"^\[(\d+)\] (\w+) '([^']*)'(.*)$")
 _MEMBER = re.compile(r"^\s+'([^']*)' type_id=(\d+) bits_offset=(\d+)(?: bitfield_size=(\d+))?$")

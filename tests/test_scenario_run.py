@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 from ccscope.scenario import results
-from conftest import require_bpf_object, require_root, require_tools
 from emulation_helpers import HostSnapshot
+from prereqs import require_bpf_object, require_root, require_tools
 
 BULK_COLUMNS = ["time_s", "cwnd_segments", "srtt_ms", "retransmits", "throughput_mbps"]
 

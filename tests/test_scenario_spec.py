@@ -12,7 +12,7 @@ import pytest
 import yaml
 from ccscope.errors import UsageError
 from ccscope.scenario import spec
-from conftest import require, require_root
+from prereqs import require, require_root
 
 GOOD = {
     "algorithms": ["cubic"],

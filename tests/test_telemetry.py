@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import require_bpf_object, require_root, require_tools
 from nethelpers import Link, Sink, connect, free_port, parse_metrics, tcp_info, wait_port
+from prereqs import require_bpf_object, require_root, require_tools
 
 SO_COOKIE = 57
 CCS = ("reno", "cubic", "bbr")

@@ -1,26 +1,16 @@
-"""Helpers for the kernel-lab tests (a plain module: tests/ is not a package, conftest is not importable)."""
+"""Helpers for the kernel-lab tests."""
 
 from __future__ import annotations
 
 import os
 import subprocess
-from pathlib import Path
 
-import pytest
+from prereqs import ROOT, require  # tests/ is on sys.path (its conftest's folder)
 
-ROOT = Path(__file__).resolve().parents[2]
+__all__ = ["LAB", "PYTHON", "ROOT", "lab", "require"]
+
 LAB = ROOT / "tools" / "kernel-lab"
 PYTHON = ROOT / ".venv" / "bin" / "python"
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-
-
-def require(condition: bool, reason: str) -> None:
-    """Skip locally when a prerequisite is missing; fail under CI=true."""
-    if condition:
-        return
-    if IN_CI:
-        pytest.fail(f"prerequisite missing under CI: {reason}")
-    pytest.skip(reason)
 
 
 def lab(*args: str, timeout: float = 900, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
