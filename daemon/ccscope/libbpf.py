@@ -54,7 +54,6 @@ def _signatures(lib: ctypes.CDLL) -> None:
         "ring_buffer__new": ([i, RingBufferCallback, p, p], p),
         "ring_buffer__poll": ([p, i], i),
         "ring_buffer__consume": ([p], i),
-        "ring_buffer__epoll_fd": ([p], i),
         "ring_buffer__free": ([p], None),
     }
     for name, (argtypes, restype) in table.items():
@@ -98,15 +97,12 @@ class Libbpf:
         del self.log[:-500]
         return 0
 
-    def last_log(self, skip_prefixes: tuple[str, ...] = ()) -> str:
+    def last_log(self) -> str:
         """The most telling line: the verifier's verdict if a program was rejected, else libbpf's last."""
         verdict = self._verifier_verdict()
         if verdict:
             return verdict
-        for line in reversed(self.log):
-            if not line.startswith(skip_prefixes):
-                return line
-        return ""
+        return self.log[-1] if self.log else ""
 
     def _verifier_verdict(self) -> str:
         """In a program load log, the line before the `processed N insns` summary says why."""
@@ -164,9 +160,6 @@ class RingBuffer:
         if ret < 0 and ret != -errno.EINTR:
             self._libbpf.check_int(ret, "ring_buffer__poll")
         return max(ret, 0)
-
-    def fileno(self) -> int:
-        return self._libbpf.lib.ring_buffer__epoll_fd(self._rb)
 
     def close(self) -> None:
         if self._rb:
