@@ -11,7 +11,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ccscope import __version__
 from ccscope.errors import UsageError
+
+from .environment import capture, now_iso
 
 SCHEMA_VERSION = 1
 NUM = ["number", "null"]
@@ -133,10 +136,6 @@ def validate(doc: dict) -> None:
 
 
 def new_document(scenario, units, skipped: list[str], quick: bool) -> dict:
-    from ccscope import __version__
-
-    from .runner import _now_iso, environment
-
     order = [u.label for u in units]
     return {
         "schema_version": SCHEMA_VERSION,
@@ -149,8 +148,8 @@ def new_document(scenario, units, skipped: list[str], quick: bool) -> dict:
                      for name, p in scenario.profiles.items()},
         "algorithms": ["+".join(m) for m in scenario.algorithms],
         "skipped_algorithms": skipped, "quick": quick, "runs_per_unit": scenario.runs, "seed": scenario.seed,
-        "run_order": order, "environment": environment(scenario.seed, order), "emulation_checks": {},
-        "runs": [], "summary": [], "errors": [], "warnings": [], "started_at": _now_iso(), "finished_at": None,
+        "run_order": order, "environment": capture(scenario.seed, order), "emulation_checks": {},
+        "runs": [], "summary": [], "errors": [], "warnings": [], "started_at": now_iso(), "finished_at": None,
     }
 
 

@@ -5,29 +5,31 @@ from __future__ import annotations
 
 import contextlib
 import os
-import platform
 import random
 import shutil
-import subprocess
 import sys
-import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 
-from ccscope import __version__
+from prometheus_client import CollectorRegistry
+
+from ccscope.emulation.algorithms import available_algorithms
+from ccscope.emulation.testbed import Testbed
 from ccscope.errors import PrerequisiteError, UsageError
+from ccscope.exporter import FlowCollector
+from ccscope.flows import FlowFilter, FlowSelection, FlowTable
+from ccscope.loader import ProbeOptions, TelemetryProbe, preflight
+from ccscope.server import MetricsServer
+from ccscope.units import parse_listen
 
 from . import analysis, results
+from .environment import namespace_sysctls, now_iso
 from .progress import Progress
 from .recorder import CSV_COLUMNS, FlowSeries, Recorder
 from .spec import Scenario, mix_label
 from .traffic import FETCH_PORT, TrafficResult, planned_seconds, run_traffic
 
-SYSCTLS = ("net.ipv4.tcp_congestion_control", "net.ipv4.tcp_allowed_congestion_control",
-           "net.ipv4.tcp_available_congestion_control", "net.core.default_qdisc", "net.ipv4.tcp_rmem",
-           "net.ipv4.tcp_wmem", "net.ipv4.tcp_ecn", "net.ipv4.tcp_no_metrics_save", "net.ipv4.tcp_sack",
-           "net.ipv4.tcp_timestamps", "net.ipv4.tcp_slow_start_after_idle")
 THROUGHPUT_WINDOW_S = 0.2  # flent samples throughput every 0.2 s
 
 
@@ -54,8 +56,6 @@ class Unit:
 
 
 def check_prerequisites() -> None:
-    from ccscope.loader import preflight
-
     if os.geteuid() != 0:
         raise PrerequisiteError("scenarios need root (network namespaces, BPF, sysctls)", "run with sudo")
     for tool, package in (("iperf3", "iperf3"), ("ping", "iputils-ping"), ("ss", "iproute2"),
@@ -67,8 +67,6 @@ def check_prerequisites() -> None:
 
 def select_algorithms(scenario: Scenario, skip_unavailable: bool) -> tuple[Scenario, list[str]]:
     """Drops algorithms the kernel lacks if optional (or with --skip-unavailable); else one clear error."""
-    from ccscope.emulation.algorithms import available_algorithms
-
     available = available_algorithms()
     missing = [a for a in scenario.all_algorithms if a not in available]
     required = [a for a in missing if a not in scenario.optional_algorithms]
@@ -97,8 +95,6 @@ def default_out(scenario: Scenario) -> Path:
 def run(scenario: Scenario, options: Options) -> tuple[Path, dict]:
     check_prerequisites()
     scenario, skipped = select_algorithms(scenario, options.skip_unavailable)
-    from ccscope.emulation.testbed import Testbed  # noqa: F401  (fail before creating anything)
-
     out = options.out or default_out(scenario)
     if out.exists() and any(out.iterdir()):
         raise UsageError(f"--out {out}: directory exists and is not empty")
@@ -118,7 +114,7 @@ def run(scenario: Scenario, options: Options) -> tuple[Path, dict]:
             verified.add(unit.profile)
             doc["runs"].append(record)
             progress.done(record)
-    doc["finished_at"] = _now_iso()
+    doc["finished_at"] = now_iso()
     doc["summary"] = analysis.summarize(doc["runs"], scenario)
     doc["errors"] += [f"{r['label']}: {e}" for r in doc["runs"] for e in r["errors"]]
     results.validate(doc)
@@ -128,14 +124,6 @@ def run(scenario: Scenario, options: Options) -> tuple[Path, dict]:
 
 @contextlib.contextmanager
 def _telemetry(scenario: Scenario, options: Options):
-    from prometheus_client import CollectorRegistry
-
-    from ccscope.exporter import FlowCollector
-    from ccscope.flows import FlowFilter, FlowSelection, FlowTable
-    from ccscope.loader import ProbeOptions, TelemetryProbe
-    from ccscope.server import MetricsServer
-    from ccscope.units import parse_listen
-
     listen = parse_listen(options.listen) if options.listen else None
     probe_options = ProbeOptions(emit_samples=True, sample_interval_ns=int(scenario.sample_interval_s * 1e9))
     with TelemetryProbe(probe_options) as probe:
@@ -162,9 +150,6 @@ def _telemetry(scenario: Scenario, options: Options):
 
 def _run_unit(scenario: Scenario, unit: Unit, position: int, out: Path, recorder: Recorder, collector,
               progress: Progress, options: Options, verify: bool, doc: dict) -> dict:
-    from ccscope.emulation.testbed import Testbed
-    from ccscope.flows import FlowFilter
-
     profile = scenario.profiles[unit.profile]
     record = results.new_run(unit, position)
     with Testbed(profile, backend=options.backend, seed=scenario.seed + position) as tb:
@@ -174,7 +159,7 @@ def _run_unit(scenario: Scenario, unit: Unit, position: int, out: Path, recorder
         record["backend"] = tb.backend
         if not doc["environment"].get("offloads"):
             doc["environment"]["offloads"] = getattr(tb, "offloads", {})
-            doc["environment"]["sysctls_sender_ns"] = _ns_sysctls(tb)
+            doc["environment"]["sysctls_sender_ns"] = namespace_sysctls(tb)
         if verify:
             progress.note(f"checking the emulated path {unit.profile}")
             check = tb.verify()
@@ -190,7 +175,7 @@ def _run_unit(scenario: Scenario, unit: Unit, position: int, out: Path, recorder
         collector.set_netns_labels({netns: labels, tb.netns_inode(tb.receiver_ns): labels})
         link_before = tb.link_stats()  # the verify probe above went through the same queues
         recorder.start(netns)
-        record["started_at"] = _now_iso()
+        record["started_at"] = now_iso()
         progress.start(position, unit.label)
         traffic = run_traffic(tb, scenario, unit.mix, progress.update)
         series = recorder.stop()
@@ -246,16 +231,6 @@ def _fill_run(record: dict, scenario: Scenario, unit: Unit, traffic: TrafficResu
     record["per_algorithm"] = analysis.per_algorithm(record["flows"], srtt, unit.mix, record["downloads"])
 
 
-def _ns_sysctls(tb) -> dict[str, str]:
-    """The sender namespace's own values: many TCP sysctls are per namespace and start from defaults."""
-    keys = [k for k in SYSCTLS if k.startswith("net.ipv4")]
-    try:
-        out = tb.run(tb.sender_ns, ["sysctl", "-e", *keys], timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    return {k.strip(): " ".join(v.split()) for k, _, v in (line.partition("=") for line in out.splitlines()) if _}
-
-
 def _link_delta(after: dict, before: dict) -> dict:
     return {d: {k: v - before.get(d, {}).get(k, 0) if isinstance(v, int) else v for k, v in counters.items()}
             for d, counters in after.items()}
@@ -290,29 +265,3 @@ def _write_ping_csv(out: Path, name: str, ping: list[tuple[float, float]], t0: f
     lines = ["time_s,rtt_ms"] + [f"{t - t0:.4f},{rtt * 1e3:.3f}" for t, rtt in ping]
     (out / "flows" / name).write_text("\n".join(lines) + "\n")
     return f"flows/{name}"
-
-
-def _now_iso() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
-
-
-def environment(seed: int, order: list[str]) -> dict:
-    def tool_version(argv: list[str]) -> str | None:
-        try:
-            res = subprocess.run(argv, capture_output=True, text=True, timeout=5)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return (res.stdout or res.stderr).strip().splitlines()[0] if (res.stdout or res.stderr) else None
-
-    sysctls = {}
-    for key in SYSCTLS:
-        path = Path("/proc/sys") / key.replace(".", "/")
-        with contextlib.suppress(OSError):
-            sysctls[key] = " ".join(path.read_text().split())
-    return {
-        "kernel": platform.release(), "machine": platform.machine(), "cpus": os.cpu_count(),
-        "python": platform.python_version(), "ccscope_version": __version__,
-        "iperf3_version": tool_version(["iperf3", "-v"]), "ping_version": tool_version(["ping", "-V"]),
-        "sysctls": sysctls, "offloads": {}, "seed": seed, "run_order": order, "hostname": platform.node(),
-        "time_started": _now_iso(), "monotonic_started": round(time.monotonic(), 3),
-    }
