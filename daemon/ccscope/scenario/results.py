@@ -78,7 +78,8 @@ SCHEMA = {
         "schema_version": {"enum": [SCHEMA_VERSION]},
         "tool": {"type": "object", "required": ["name", "version"]},
         "scenario": {"type": "object", "required": ["name", "description", "source", "duration_s", "warmup_s",
-                                                    "sample_interval_s", "definition"]},
+                                                    "sample_interval_s", "definition"],
+                     "properties": {"download_timeout_s": {"type": NUM}}},  # optional: older files lack it
         "profiles": {"type": "object"},
         "algorithms": {"type": "array", "items": {"type": "string"}},
         "skipped_algorithms": {"type": "array", "items": {"type": "string"}},
@@ -142,7 +143,9 @@ def new_document(scenario, units, skipped: list[str], quick: bool) -> dict:
         "tool": {"name": "ccscope", "version": __version__},
         "scenario": {"name": scenario.name, "description": scenario.description, "source": scenario.source,
                      "duration_s": scenario.duration_s, "warmup_s": scenario.warmup_s,
-                     "sample_interval_s": scenario.sample_interval_s, "definition": _jsonable(scenario.raw)},
+                     "sample_interval_s": scenario.sample_interval_s,
+                     "download_timeout_s": scenario.traffic.downloads.timeout_s if scenario.traffic.downloads else None,
+                     "definition": _jsonable(scenario.raw)},
         "profiles": {name: {"description": p.describe(), "base_rtt_s": p.base_rtt_s, "bdp_bytes": p.bdp_bytes,
                             "up_rate_bps": p.up.effective_rate_bps(), "down_rate_bps": p.down.effective_rate_bps()}
                      for name, p in scenario.profiles.items()},
