@@ -66,7 +66,7 @@ def _filter(args: argparse.Namespace) -> FlowFilter:
 
 
 def _probe_options(args: argparse.Namespace, emit_samples: bool) -> ProbeOptions:
-    interval = parse_duration("--sample-interval", args.sample_interval, 0.0001, 10.0)
+    interval = parse_duration(args.sample_interval, "--sample-interval", 0.0001, 10.0)
     if not 64 <= args.max_flows <= 4_000_000:
         raise UsageError(f"--max-flows {args.max_flows} is out of range 64..4000000")
     return ProbeOptions(max_flows=args.max_flows, sample_interval_ns=int(interval * 1e9),
@@ -87,7 +87,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     host, port = parse_listen(args.listen)
     selection = FlowSelection.parse(args.flows)
     flow_filter = _filter(args)
-    grace = parse_duration("--grace", args.grace, 0.0, 3600.0)
+    grace = parse_duration(args.grace, "--grace", 0.0, 3600.0)
     if bool(args.tls_cert) != bool(args.tls_key):
         raise UsageError("--tls-cert and --tls-key go together")
     tls = (Path(args.tls_cert), Path(args.tls_key)) if args.tls_cert else None
@@ -155,7 +155,7 @@ def format_flows(flows: list[FlowRecord]) -> str:
 
 
 def cmd_flows(args: argparse.Namespace) -> int:
-    interval = parse_duration("--interval", args.interval, 0.1, 3600.0)
+    interval = parse_duration(args.interval, "--interval", 0.1, 3600.0)
     flow_filter = _filter(args)
     stop = _stop_event()
     live = sys.stdout.isatty() and not args.once
@@ -194,7 +194,7 @@ def _trace_line(flow: FlowRecord, wall_offset: float, as_json: bool) -> str:
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
-    duration = parse_duration("--duration", args.duration, 0.0, 30 * 86400) if args.duration else None
+    duration = parse_duration(args.duration, "--duration", 0.0, 30 * 86400) if args.duration else None
     if args.count is not None and args.count < 1:
         raise UsageError("--count must be at least 1")
     flow_filter = _filter(args)

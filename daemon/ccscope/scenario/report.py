@@ -12,6 +12,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from ccscope.units import format_bytes
+
 COLORS = {"reno": "#1f77b4", "cubic": "#d62728", "bbr": "#2ca02c", "vegas": "#9467bd", "westwood": "#8c564b"}
 MARKERS = ("o", "s", "^", "D", "v", "P", "X")
 EXTRA = ("#ff7f0e", "#17becf", "#e377c2", "#7f7f7f", "#bcbd22")
@@ -242,15 +244,9 @@ def _downloads_cell(row: dict) -> str:
     parts = []
     for size, s in d["by_size"].items():
         t = s["completion_time_median_s"]
-        parts.append(f"{_size(int(size))}:{s['complete']}/{s['total']}" + (f" {t:.2f}s" if t is not None else ""))
+        median = f" {t:.2f}s" if t is not None else ""
+        parts.append(f"{format_bytes(int(size))}:{s['complete']}/{s['total']}{median}")
     return " ".join(parts)
-
-
-def _size(n: int) -> str:
-    for unit, scale in (("MB", 1e6), ("KB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:g}{unit}"
-    return f"{n}B"
 
 
 COLUMNS = (("profile", lambda r: r["profile"]),
@@ -373,7 +369,7 @@ def _html_runs(doc: dict) -> str:
 
 
 def _html_downloads(doc: dict) -> str:
-    downloads = [[r["label"], d["id"], _size(d["size_bytes"]), "yes" if d["complete"] else "NO (incomplete)",
+    downloads = [[r["label"], d["id"], format_bytes(d["size_bytes"]), "yes" if d["complete"] else "NO (incomplete)",
                   "-" if d["completion_time_s"] is None else f"{d['completion_time_s']:.3f}", d["received_bytes"],
                   d.get("error") or ""] for r in doc["runs"] for d in r["downloads"]]
     if not downloads:
