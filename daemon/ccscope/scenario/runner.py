@@ -281,7 +281,8 @@ def _link_delta(after: dict, before: dict) -> dict:
 
 def _check_algorithm(record: dict, entry: dict, requested: str) -> None:
     kernel, iperf = entry.get("algorithm_kernel"), entry.get("algorithm_iperf3")
-    ok = kernel == requested and iperf == requested
+    # without iperf3's report (its failure is an error of its own) the kernel's word stands alone
+    ok = kernel == requested and (iperf == requested or not entry.get("iperf3"))
     entry["algorithm_ok"] = ok
     if not ok:
         record["errors"].append(f"{entry['id']}: requested {requested}, the kernel ran {kernel}, "
