@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from ccscope import bpf_types as bt
 from nethelpers import Link, Sink, connect, free_port, parse_metrics, tcp_info, wait_port
 from prereqs import require_bpf_object, require_root, require_tools
 
@@ -200,6 +201,7 @@ def test_close_record_retransmits_exact(link: Link, probe, cc: str) -> None:
     link.shape(rate="30mbit", burst="16kb", limit="24kb")
     sink = Sink(socket.AF_INET, link.addr_b, port, link.b)
     sock = connect(socket.AF_INET, link.addr_b, port, link.a, cc)
+    closed_before = probe.counters()[bt.Counter.FLOWS_CLOSED]
     try:
         cookie = cookie_of(sock)
         sock.sendall(b"x" * (4 << 20))  # ~1.1 s at 30 Mbit/s
@@ -216,6 +218,7 @@ def test_close_record_retransmits_exact(link: Link, probe, cc: str) -> None:
         assert flow.retransmits == info["total_retrans"]
         assert flow.bytes_acked == (4 << 20) + 2  # SYN and FIN each take one sequence number
         assert flow.cc == cc and flow.state == "close"
+        assert probe.counters()[bt.Counter.FLOWS_CLOSED] >= closed_before + 1  # other flows on the host may close too
     finally:
         sink.close()
 
@@ -450,7 +453,8 @@ def test_metrics_pass_promtool(link: Link) -> None:
     samples = parse_metrics(text)
     # the per-flow families, host aggregates and health metrics are all there
     for name in ("ccscope_flow_cwnd_segments", "ccscope_tcp_srtt_seconds_bucket", "ccscope_tracked_flows",
-                 "ccscope_bpf_probe_events_total", "ccscope_tcp_flows_started_total", "ccscope_build_info"):
+                 "ccscope_bpf_probe_events_total", "ccscope_tcp_flows_started_total", "ccscope_build_info",
+                 "ccscope_bpf_flows_closed_total", "ccscope_bpf_flow_insert_failures_total"):
         assert values(samples, name), name
 
 

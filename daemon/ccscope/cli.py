@@ -16,6 +16,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from . import __version__, check
+from .bpf_types import EVENT_NAMES, Counter
 from .errors import CcscopeError, UsageError
 from .exporter import FlowCollector
 from .flows import FlowFilter, FlowRecord, FlowSelection, FlowTable, decode, monotonic_ns
@@ -186,7 +187,7 @@ def _trace_line(flow: FlowRecord, wall_offset: float, as_json: bool) -> str:
     if as_json:
         data = flow.as_dict()
         data["time"] = round(wall, 6)
-        data["event"] = {1: "probe", 2: "retransmit", 3: "close"}.get(flow.event, str(flow.event))
+        data["event"] = EVENT_NAMES.get(flow.event, str(flow.event))
         return json.dumps(data)
     return (f"{time.strftime('%H:%M:%S', time.localtime(wall))}.{int(wall % 1 * 1e3):03d} {flow.name} "
             f"{flow.cc} cwnd={flow.cwnd_segments} srtt={flow.srtt_s * 1e3:.2f}ms "
@@ -226,8 +227,6 @@ def cmd_trace(args: argparse.Namespace) -> int:
         finally:
             ring.close()
             lost = probe.counters()
-    from .bpf_types import Counter
-
     if lost[Counter.SAMPLES_LOST]:
         print(f"ccscope: {lost[Counter.SAMPLES_LOST]} samples lost (ring buffer full)", file=sys.stderr)
     _quiet_stdout_close()
