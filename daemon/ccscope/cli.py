@@ -22,9 +22,8 @@ from .exporter import FlowCollector
 from .flows import FlowFilter, FlowRecord, FlowSelection, FlowTable, decode, monotonic_ns
 from .loader import ProbeOptions, TelemetryProbe
 from .server import MetricsServer, load_basic_auth
-from .units import parse_duration, parse_listen
+from .units import DEFAULT_LISTEN, parse_duration, parse_listen
 
-DEFAULT_LISTEN = "127.0.0.1:9977"
 SORT_KEYS: dict[str, Callable[[FlowRecord], float]] = {
     "bytes": lambda f: f.bytes_total,
     "cwnd": lambda f: f.cwnd_segments,

@@ -29,6 +29,7 @@ BITS_PER_SECOND = {
     "m": 1e6, "mbit": 1e6, "mbps": 1e6, "mb": 1e6,
     "g": 1e9, "gbit": 1e9, "gbps": 1e9, "gb": 1e9,
 }  # fmt: skip  (tc's convention: a rate's "kb" is kbit/s, a size's "KB" is 1000 bytes)
+DEFAULT_LISTEN = "127.0.0.1:9977"  # the daemon's and a scenario's live endpoint
 _AMOUNT = re.compile(r"(-?)" + NUMBER + r"\s*([a-zµ]*)")
 
 

@@ -31,7 +31,7 @@ from ccscope.errors import CcscopeError, UsageError
 from . import algorithms, backends, state
 from ._system import in_ns, need, sh
 from .netns import in_netns
-from .profile import PathProfile
+from .profile import ETH_FRAME, PathProfile
 
 SENDER_ADDR = "192.0.2.2"
 ROUTER_SENDER_ADDR = "192.0.2.1"
@@ -40,7 +40,6 @@ RECEIVER_ADDR = "198.51.100.2"
 # Offloads that would hand super-packets to the shaper (and GRO that builds them on receive).
 OFFLOADS = ("tso", "gso", "gro")
 UDP_PAYLOAD = 1472  # 1514-byte frames
-FRAME = 1514
 _RUN_ID = re.compile(r"^[a-z0-9]{1,16}$")
 
 
@@ -334,7 +333,7 @@ class Testbed:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             _wait_port(self, port)
-            payload_rate = rate_bps * UDP_PAYLOAD / FRAME
+            payload_rate = rate_bps * UDP_PAYLOAD / ETH_FRAME
             client = self.popen(self.sender_ns, ["iperf3", "-c", self.receiver_addr, "-p", str(port), "-u", "-J",
                                                  "-l", str(UDP_PAYLOAD), "-b", str(int(payload_rate)),
                                                  "-t", str(seconds)],

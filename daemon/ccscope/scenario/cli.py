@@ -12,11 +12,9 @@ import sys
 from pathlib import Path
 
 from ccscope.errors import PrerequisiteError, UsageError
-from ccscope.units import parse_listen
+from ccscope.units import DEFAULT_LISTEN, parse_listen
 
 from . import results
-
-DEFAULT_LISTEN = "127.0.0.1:9977"
 
 
 def register(sub) -> None:

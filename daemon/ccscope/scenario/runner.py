@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-import shutil
 import sys
 from dataclasses import dataclass
 from datetime import datetime
@@ -19,6 +18,7 @@ from ccscope.emulation.testbed import Testbed
 from ccscope.errors import PrerequisiteError, UsageError
 from ccscope.exporter import FlowCollector
 from ccscope.flows import FlowFilter, FlowSelection, FlowTable
+from ccscope.hosttools import SCENARIO_TOOLS, need
 from ccscope.loader import ProbeOptions, TelemetryProbe, preflight
 from ccscope.server import MetricsServer
 from ccscope.units import parse_listen
@@ -58,10 +58,7 @@ class Unit:
 def check_prerequisites() -> None:
     if os.geteuid() != 0:
         raise PrerequisiteError("scenarios need root (network namespaces, BPF, sysctls)", "run with sudo")
-    for tool, package in (("iperf3", "iperf3"), ("ping", "iputils-ping"), ("ss", "iproute2"),
-                          ("ip", "iproute2"), ("tc", "iproute2"), ("ethtool", "ethtool")):
-        if not shutil.which(tool):
-            raise PrerequisiteError(f"{tool} not found", f"install it: apt-get install {package}")
+    need(*SCENARIO_TOOLS)
     preflight()
 
 
