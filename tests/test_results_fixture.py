@@ -42,7 +42,8 @@ def test_load_reads_every_run_and_its_csvs() -> None:
 @pytest.mark.parametrize("damage, words", [
     (lambda doc: doc.pop("runs"), "does not match the results schema: $: missing runs"),
     (lambda doc: doc.update(schema_version=99), "schema_version 99, this ccscope reads 1"),
-    (lambda doc: doc["runs"][0].update(netns="x"), "does not match the results schema: $.runs[0].netns: expected integer, got str"),
+    (lambda doc: doc["runs"][0].update(netns="x"),
+     "does not match the results schema: $.runs[0].netns: expected integer, got str"),
 ])
 def test_load_refuses_a_damaged_document_in_one_line(copy: Path, damage, words: str) -> None:
     doc = json.loads((copy / "results.json").read_text())
