@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from ccscope.errors import UsageError
 from ccscope.scenario import report, results
-from ccscope.scenario.recorder import CSV_COLUMNS
+from ccscope.scenario.recorder import CSV_HEADER
 from prereqs import ROOT
 
 FIXTURE = ROOT / "tests" / "data" / "results-fixture"
@@ -35,8 +35,8 @@ def test_load_reads_every_run_and_its_csvs() -> None:
     for name in csvs:
         with (FIXTURE / name).open() as fh:
             rows = list(csv.reader(fh))
-        assert rows[0] == list(CSV_COLUMNS), name
-        assert len(rows) > 2 and all(len(row) == len(CSV_COLUMNS) for row in rows), name
+        assert rows[0] == list(CSV_HEADER), name
+        assert len(rows) > 2 and all(len(row) == len(CSV_HEADER) for row in rows), name
 
 
 @pytest.mark.parametrize("damage, words", [

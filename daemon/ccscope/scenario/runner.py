@@ -26,7 +26,7 @@ from ccscope.units import parse_listen
 from . import analysis, results
 from .environment import namespace_sysctls, now_iso
 from .progress import Progress
-from .recorder import CSV_COLUMNS, FlowSeries, Recorder
+from .recorder import FlowSeries, Recorder, csv_text
 from .spec import Scenario, mix_label
 from .traffic import FETCH_PORT, BulkFlow, TrafficResult, planned_seconds, run_traffic
 
@@ -189,9 +189,11 @@ def _fill_run(record: dict, scenario: Scenario, unit: Unit, traffic: TrafficResu
     record["errors"] += traffic.errors
     stem = _stem(unit)
     bulk_end = t0
+    srtt_by_algorithm: dict[str, list[float]] = {}
     for flow in traffic.bulk:
         s = bulk_series(flow, series)
-        entry = analysis.flow_metrics(s, scenario.warmup_s, t0) if s else analysis.empty_flow()
+        entry, srtts = analysis.flow_metrics(s, scenario.warmup_s, t0) if s else (analysis.empty_flow(), [])
+        srtt_by_algorithm.setdefault(flow.algorithm, []).extend(srtts)
         entry.update({"id": f"bulk{flow.index}", "kind": "bulk", "algorithm": flow.algorithm,
                       "start_offset_s": round(flow.start_offset_s, 3), "iperf3": flow.iperf,
                       "algorithm_iperf3": flow.iperf.get("sender_tcp_congestion")})
@@ -222,10 +224,8 @@ def _fill_run(record: dict, scenario: Scenario, unit: Unit, traffic: TrafficResu
                           "csv": _write_ping_csv(out, f"{stem}_ping.csv", traffic.ping, t0)}
     goodputs = [f["goodput_bps"] for f in record["flows"] if f["goodput_bps"] is not None]
     record["jain"] = analysis.jain(goodputs)
-    srtt: dict[str, list[float]] = {}
-    for f in record["flows"]:
-        srtt.setdefault(f["algorithm"], []).extend(f.pop("_srtt_samples", []))
-    record["per_algorithm"] = analysis.per_algorithm(record["flows"], srtt, unit.mix, record["downloads"])
+    record["per_algorithm"] = analysis.per_algorithm(record["flows"], srtt_by_algorithm, unit.mix,
+                                                     record["downloads"])
 
 
 def _stem(unit: Unit) -> str:
@@ -265,15 +265,7 @@ def _write_csv(out: Path, name: str, series: FlowSeries, t0: float) -> str:
     times = [s.t for s in series.samples]
     acked = [s.bytes_acked for s in series.samples]
     tput = analysis.windowed_throughput(times, acked, THROUGHPUT_WINDOW_S)
-    lines = [",".join(CSV_COLUMNS)]
-    for s, bps in zip(series.samples, tput, strict=True):
-        lines.append(",".join(str(v) for v in (
-            f"{s.t - t0:.4f}", s.cwnd, f"{s.srtt_s * 1e3:.3f}", s.retransmits,
-            "" if bps is None else f"{bps / 1e6:.4f}", s.bytes_acked, s.bytes_sent,
-            "" if s.ssthresh is None else s.ssthresh, "" if s.min_rtt_s is None else f"{s.min_rtt_s * 1e3:.3f}",
-            s.in_flight, f"{s.delivery_Bps * 8 / 1e6:.4f}", s.ca_state, s.cc, s.event)))
-    path = out / "flows" / name
-    path.write_text("\n".join(lines) + "\n")
+    (out / "flows" / name).write_text(csv_text(series.samples, t0, tput))
     return f"flows/{name}"
 
 
