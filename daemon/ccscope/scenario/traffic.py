@@ -12,7 +12,6 @@ stay in the results directory as the tools' own raw output.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -26,6 +25,7 @@ from pathlib import Path
 
 import ccscope
 from ccscope.emulation.profile import SHORT_FLOW_PORT
+from ccscope.emulation.testbed import terminate
 from ccscope.errors import CcscopeError
 
 from .spec import Scenario
@@ -137,7 +137,7 @@ def run_traffic(tb, scenario: Scenario, mix: tuple[str, ...], progress: Callable
         clients = run_timed_phase(tb, scenario, result, log_dir, progress)
     finally:
         for server in servers:
-            stop(server.proc)
+            terminate(server.proc, grace_s=5.0)
     result.end_mono = time.clock_gettime(time.CLOCK_MONOTONIC)
     collect(result, clients, servers)
     return result
@@ -184,7 +184,7 @@ def run_timed_phase(tb, scenario: Scenario, result: TrafficResult, log_dir: Path
             break
         time.sleep(POLL_S)
     for child in clients:  # SIGINT: iperf3 and ping still write their report, cut short
-        stop(child.proc, signal.SIGINT)
+        terminate(child.proc, signal.SIGINT, grace_s=5.0)
     return clients
 
 
@@ -238,19 +238,6 @@ def _iperf_argv(tb, scenario: Scenario, flow: BulkFlow) -> list[str]:
     return ["iperf3", "-c", tb.receiver_addr, "-p", str(flow.port), "-t", str(int(scenario.duration_s)),
             "-O", str(int(scenario.warmup_s)), "-C", flow.algorithm, "-J", "-i", "0.2",
             "--connect-timeout", "5000"]
-
-
-def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
-    """Ends a child that is still running (a server, or a client past the deadline) and reaps it."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=5)
 
 
 def _parse_iperf(flow: BulkFlow, out: str, err: str, log: str) -> None:
