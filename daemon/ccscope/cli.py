@@ -105,7 +105,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
               f"(flows {args.flows}); Ctrl-C to stop", file=sys.stderr, flush=True)
         try:
             while not stop.wait(max(0.5, min(grace / 2, 5.0))):
-                table.snapshot()  # expires closed flows even when nobody scrapes
+                table.scan()  # expires closed flows even when nobody scrapes
         finally:
             server.close()
     print("ccscope: detached", file=sys.stderr)
