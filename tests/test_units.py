@@ -255,7 +255,7 @@ def test_trace_line_json_and_text() -> None:
     assert data["time"] == pytest.approx(1005.0)
     assert data["event"] == "close"
     assert data["srtt_s"] == pytest.approx(0.0125)
-    text = _trace_line(flow, 1000.0, as_json=False)
+    text = _trace_line(flow, 1000.0, as_json=False).decode()
     assert "192.0.2.1:40000->192.0.2.2:5201 cubic cwnd=20 srtt=12.50ms retrans=7 open CLOSED" in text
 
 

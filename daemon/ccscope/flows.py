@@ -160,14 +160,18 @@ class FlowFilter:
     cidrs: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = field(default_factory=list)
 
     def matches(self, flow: FlowRecord) -> bool:
-        if self.netns and flow.netns not in self.netns:
-            return False
-        if self.ports and flow.sport not in self.ports and flow.dport not in self.ports:
+        if not self.matches_ids(flow):
             return False
         if self.cidrs:
             addrs = (ipaddress.ip_address(flow.src), ipaddress.ip_address(flow.dst))
             return any(a.version == n.version and a in n for a in addrs for n in self.cidrs)
         return True
+
+    def matches_ids(self, flow: FlowRecord | bt.FlowTuple) -> bool:
+        """The netns and port conditions alone: they hold for a raw record as for its decoded FlowRecord."""
+        if self.netns and flow.netns not in self.netns:
+            return False
+        return not self.ports or flow.sport in self.ports or flow.dport in self.ports
 
     def select(self, columns: FlowColumns, indexes: Sequence[int]) -> Sequence[int]:
         """The indexes of the flows that match, reading columns (records are decoded for --cidr only)."""

@@ -251,9 +251,9 @@ class TelemetryProbe:
             totals[counter] = sum(values)
         return totals
 
-    def ring_buffer(self, handler: Callable[[bt.FlowTuple], None]) -> RingBuffer:
-        """Samples reach `handler` as bt.FlowTuple (fields named as in struct flow)."""
-        return RingBuffer(self.libbpf, self._maps["samples"], lambda data: handler(bt.unpack_flow(data)))
+    def ring_buffer(self, handler: Callable[[list[bt.FlowTuple]], None]) -> RingBuffer:
+        """Samples reach `handler` once per poll, as a list of bt.FlowTuple (fields named as in struct flow)."""
+        return RingBuffer(self.libbpf, self._maps["samples"], lambda records: handler(bt.unpack_flows(records)))
 
     def program_fds(self) -> dict[str, int]:
         lib = self.libbpf.lib
