@@ -188,7 +188,9 @@ def _trace_line(flow: FlowRecord, wall_offset: float, as_json: bool) -> bytes:
         data = flow.as_dict()
         data["time"] = round(wall, 6)
         data["event"] = EVENT_NAMES.get(flow.event, str(flow.event))
-        return orjson.dumps(data)  # ~1 us where json.dumps took ~8 of the ~20 us a sample cost
+        # orjson: ~1 us where json.dumps took ~8 of the ~20 us a sample cost (orjson on the dataclass itself,
+        # without as_dict(), measured slower: 1.7 us, and the extra keys still to add)
+        return orjson.dumps(data)
     return (f"{time.strftime('%H:%M:%S', time.localtime(wall))}.{int(wall % 1 * 1e3):03d} {flow.name} "
             f"{flow.cc} cwnd={flow.cwnd_segments} srtt={flow.srtt_s * 1e3:.2f}ms "
             f"retrans={flow.retransmits} {flow.ca_state}{' CLOSED' if flow.closed_ns else ''}").encode()
