@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from ccscope.scenario.analysis import mean_ci95
-from nethelpers import CCSCOPE, ROOT, daemon, held_prog_ids, netns, netns_inode
+from nethelpers import CCSCOPE, ROOT, daemon, held_prog_ids, netns, netns_inode, stop_process
 
 RESULTS = ROOT / "bench" / "results" / "telemetry.md"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -406,11 +406,7 @@ def held_connections(ns: str, flows: int) -> Iterator[int]:
             with contextlib.suppress(OSError):
                 holder.stdin.close()
         for holder in holders:
-            try:
-                holder.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                holder.kill()
-                holder.wait()
+            stop_process(holder, None, timeout=30)  # it exits when its stdin closes
 
 
 def bench_scrape(flows: int, target_ms: float, labels: tuple[str, str], scrapes: int = 11) -> list[Row]:

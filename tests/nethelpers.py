@@ -218,6 +218,17 @@ def held_prog_ids(pid: int) -> set[int]:
     return ids
 
 
+def stop_process(proc: subprocess.Popen, sig: int | None = signal.SIGTERM, timeout: float = 10.0) -> int:
+    """Send `sig` (None: it was told to exit some other way), wait, SIGKILL after `timeout`; the exit status."""
+    if sig is not None and proc.poll() is None:
+        proc.send_signal(sig)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
+
+
 class Daemon:
     """A real `ccscope daemon` subprocess on a free port, scraped over HTTP as Prometheus would."""
 
@@ -245,14 +256,7 @@ class Daemon:
         raise KeyError(name)
 
     def stop(self, sig: int = signal.SIGTERM) -> tuple[int, str]:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        return self.proc.returncode, self.proc.stderr.read()
+        return stop_process(self.proc, sig, timeout=20), self.proc.stderr.read()
 
 
 @contextlib.contextmanager

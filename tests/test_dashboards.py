@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from nethelpers import free_port
+from nethelpers import free_port, stop_process
 from prereqs import ROOT, require, require_bpf_object, require_root, require_tools
 
 DASHBOARDS = ROOT / "dashboards"
@@ -285,13 +285,7 @@ def stack():
         if exporter:
             exporter.close()
         for proc in reversed(procs):
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_process(proc)
         for ns in (ns_a, ns_r, ns_b):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         shutil.rmtree(tmp, ignore_errors=True)

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 from ccscope import cli, loader
+from nethelpers import stop_process
 from prereqs import ROOT, require, require_bpf_object, require_root, require_tools
 
 DEPLOY = ROOT / "deploy"
@@ -264,15 +265,6 @@ def _scrape(port: int, proc: subprocess.Popen, log: Path) -> str:
     raise AssertionError("daemon did not serve /metrics")
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 def _port() -> int:
     import socket
 
@@ -297,7 +289,7 @@ def test_daemon_runs_with_only_the_granted_capabilities_as_nobody(tmp_path: Path
         assert re.search(r"^CapEff:\s*000000c000000000$", status, re.M), status  # bits 38, 39 only
         assert re.search(r"^Uid:\s+65534\b", status, re.M)
     finally:
-        _stop(proc)
+        stop_process(proc)
     assert "ccscope_build_info{" in text and "ccscope_tcp_flows" in text
 
 
