@@ -14,7 +14,7 @@ from ccscope import bpf_types as bt
 from ccscope.cli import FLOW_COLUMNS, _bytes, _rate, _trace_line, format_flows
 from ccscope.errors import UsageError
 from ccscope.exporter import histogram_buckets
-from ccscope.flows import FlowFilter, FlowSelection, decode
+from ccscope.flows import FlowFilter, FlowSelection, decode, record_fields
 from ccscope.flowscan import FlowColumns
 from ccscope.units import parse_duration, parse_listen, parse_loss, parse_rate, parse_size
 
@@ -250,12 +250,14 @@ def test_format_flows_table() -> None:
 
 
 def test_trace_line_json_and_text() -> None:
-    flow = decode(raw_flow(saddr="192.0.2.1", daddr="192.0.2.2", last_ns=5_000_000_000, event=3, closed_ns=9))
-    data = json.loads(_trace_line(flow, 1000.0, as_json=True))
+    raw = raw_flow(saddr="192.0.2.1", daddr="192.0.2.2", last_ns=5_000_000_000, event=3, closed_ns=9)
+    data = json.loads(_trace_line(record_fields(raw), 1000.0, as_json=True))
+    assert {k: v for k, v in data.items() if k not in ("time", "event")} == \
+        {k: v for k, v in decode(raw).as_dict().items() if k != "event"}  # the same keys and values as as_dict()
     assert data["time"] == pytest.approx(1005.0)
     assert data["event"] == "close"
     assert data["srtt_s"] == pytest.approx(0.0125)
-    text = _trace_line(flow, 1000.0, as_json=False).decode()
+    text = _trace_line(record_fields(raw), 1000.0, as_json=False).decode()
     assert "192.0.2.1:40000->192.0.2.2:5201 cubic cwnd=20 srtt=12.50ms retrans=7 open CLOSED" in text
 
 

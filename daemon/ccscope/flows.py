@@ -73,21 +73,33 @@ class FlowRecord:
 
     @property
     def queueing_delay_s(self) -> float:
-        return max(0.0, self.srtt_s - self.min_rtt_s) if self.min_rtt_s is not None else 0.0
+        return queueing_delay_s(self.srtt_s, self.min_rtt_s)
 
     @property
     def name(self) -> str:
-        return f"{_hostport(self.src, self.sport)}->{_hostport(self.dst, self.dport)}"
+        return flow_name(self.src, self.sport, self.dst, self.dport)
 
     def as_dict(self) -> dict:
-        data = dict(zip(_RECORD_FIELDS, _record_values(self), strict=True))
-        data["flow"] = self.name
-        data["queueing_delay_s"] = self.queueing_delay_s
-        return data
+        return with_derived(dict(zip(_RECORD_FIELDS, _record_values(self), strict=True)))
 
 
 _RECORD_FIELDS = tuple(FlowRecord.__dataclass_fields__)
-_record_values = operator.attrgetter(*_RECORD_FIELDS)  # one C call for all fields: as_dict() runs per trace sample
+_record_values = operator.attrgetter(*_RECORD_FIELDS)  # one C call for all fields
+
+
+def queueing_delay_s(srtt_s: float, min_rtt_s: float | None) -> float:
+    return max(0.0, srtt_s - min_rtt_s) if min_rtt_s is not None else 0.0
+
+
+def flow_name(src: str, sport: int, dst: str, dport: int) -> str:
+    return f"{_hostport(src, sport)}->{_hostport(dst, dport)}"
+
+
+def with_derived(fields: dict) -> dict:
+    """FlowRecord's fields (record_fields() or as_dict()) with the values its properties add: as_dict()'s keys."""
+    fields["flow"] = flow_name(fields["src"], fields["sport"], fields["dst"], fields["dport"])
+    fields["queueing_delay_s"] = queueing_delay_s(fields["srtt_s"], fields["min_rtt_s"])
+    return fields
 
 
 def _hostport(addr: str, port: int) -> str:
@@ -111,10 +123,16 @@ def _address(family: int, raw: bytes) -> str:
 
 
 def decode(flow: bt.Flow | bt.FlowTuple) -> FlowRecord:
+    return FlowRecord(**record_fields(flow))
+
+
+def record_fields(flow: bt.Flow | bt.FlowTuple) -> dict:
+    """FlowRecord's fields of one kernel record, in its order and units: decode() builds the record from them,
+    `ccscope trace --json` writes them as they are (no record in between: it runs per sample)."""
     if isinstance(flow, bt.Flow):  # one struct unpack beats ~35 ctypes attribute reads
         flow = bt.unpack_flow(bytes(flow))
-    # one tuple unpack into locals: ~40 namedtuple attribute reads cost more than the rest of decode (per trace
-    # sample); fields in struct flow's order, later fields ignored here
+    # one tuple unpack into locals: ~40 namedtuple attribute reads cost more than the rest; fields in struct
+    # flow's order, later fields ignored here
     (cookie, first_ns, last_ns, closed_ns, bytes_acked, bytes_sent, bytes_received, pacing_rate, netns, family,
      sport, dport, ca_state, sk_state, event, _pad0, saddr, daddr, snd_cwnd, snd_ssthresh, srtt_us, rttvar_us,
      min_rtt_us, mss_cache, packets_out, retrans_out, lost_out, sacked_out, total_retrans, lost, _delivered,
@@ -125,36 +143,36 @@ def decode(flow: bt.Flow | bt.FlowTuple) -> FlowRecord:
         # tcp_get_info(): rate_delivered * mss * USEC_PER_SEC / rate_interval_us
         delivery = rate_delivered * mss_cache * 1e6 / rate_interval_us
     in_flight = packets_out - sacked_out - lost_out + retrans_out
-    return FlowRecord(
-        cookie=cookie,
-        netns=netns,
-        family="ipv6" if family == socket.AF_INET6 else "ipv4",
-        src=_address(family, saddr),
-        sport=sport,
-        dst=_address(family, daddr),
-        dport=dport,
-        cc=_cc_name(ca_name),
-        ca_state=CA_STATES[ca_state] if ca_state < len(CA_STATES) else str(ca_state),
-        state=TCP_STATES.get(sk_state) or str(sk_state),
-        cwnd_segments=snd_cwnd,
-        ssthresh_segments=None if snd_ssthresh >= INFINITE_SSTHRESH else snd_ssthresh,
-        srtt_s=srtt_us / 1e6,
-        rttvar_s=rttvar_us / 1e6,
-        min_rtt_s=None if min_rtt_us in (0, 0xFFFFFFFF) else min_rtt_us / 1e6,
-        mss_bytes=mss_cache,
-        packets_in_flight=max(0, in_flight),
-        bytes_acked=bytes_acked,
-        bytes_sent=bytes_sent,
-        bytes_received=bytes_received,
-        retransmits=total_retrans,
-        lost_packets=lost,
-        pacing_rate_Bps=None if pacing_rate >= UNLIMITED_PACING >> 1 else float(pacing_rate),
-        delivery_rate_Bps=delivery,
-        first_ns=first_ns,
-        last_ns=last_ns,
-        closed_ns=closed_ns,
-        event=event,
-    )
+    return {
+        "cookie": cookie,
+        "netns": netns,
+        "family": "ipv6" if family == socket.AF_INET6 else "ipv4",
+        "src": _address(family, saddr),
+        "sport": sport,
+        "dst": _address(family, daddr),
+        "dport": dport,
+        "cc": _cc_name(ca_name),
+        "ca_state": CA_STATES[ca_state] if ca_state < len(CA_STATES) else str(ca_state),
+        "state": TCP_STATES.get(sk_state) or str(sk_state),
+        "cwnd_segments": snd_cwnd,
+        "ssthresh_segments": None if snd_ssthresh >= INFINITE_SSTHRESH else snd_ssthresh,
+        "srtt_s": srtt_us / 1e6,
+        "rttvar_s": rttvar_us / 1e6,
+        "min_rtt_s": None if min_rtt_us in (0, 0xFFFFFFFF) else min_rtt_us / 1e6,
+        "mss_bytes": mss_cache,
+        "packets_in_flight": max(0, in_flight),
+        "bytes_acked": bytes_acked,
+        "bytes_sent": bytes_sent,
+        "bytes_received": bytes_received,
+        "retransmits": total_retrans,
+        "lost_packets": lost,
+        "pacing_rate_Bps": None if pacing_rate >= UNLIMITED_PACING >> 1 else float(pacing_rate),
+        "delivery_rate_Bps": delivery,
+        "first_ns": first_ns,
+        "last_ns": last_ns,
+        "closed_ns": closed_ns,
+        "event": event,
+    }
 
 
 @functools.lru_cache(maxsize=256)
