@@ -1,16 +1,28 @@
 """report.html, PNG plots and the terminal summary, from results.json and the per-flow CSVs only
-(so `ccscope report DIR` can re-render any results directory)."""
+(so `ccscope report DIR` can re-render any results directory).
+
+The CSVs are read through confined.py and parsed completely by load_series() before render() writes
+anything, so a bad results directory is one line and leaves no half-written report behind."""
 
 from __future__ import annotations
 
 import csv
 import html
+import io
+import math
+import sys
 from pathlib import Path
 
 import matplotlib
 
+from ccscope.errors import UsageError
+
+from . import confined
+from .store import write_atomic
+
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt
+matplotlib.rcParams["text.parse_math"] = False  # names and descriptions are text, never TeX
+import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
 
 COLORS = {"reno": "#1f77b4", "cubic": "#d62728", "bbr": "#2ca02c", "vegas": "#9467bd", "westwood": "#8c564b"}
 MARKERS = ("o", "s", "^", "D", "v", "P", "X")
@@ -24,21 +36,65 @@ def color(alg: str) -> str:
     return COLORS[alg]
 
 
-def _read_csv(path: Path) -> list[dict]:
+PLOTTED_COLUMNS = ("cwnd_segments", "throughput_mbps", "srtt_ms", "rtt_ms")
+Series = dict[str, dict[str, tuple[list[float], list[float]]]]  # csv path -> column -> (times, values)
+
+
+def load_series(directory: Path, doc: dict) -> Series:
+    """The plotted columns of every CSV the plots use; checks every CSV path in the document."""
+    plotted = set()
+    for run in _first_runs(doc):
+        plotted.update(f["csv"] for f in [*run["flows"], *run["downloads"]] if f.get("csv"))
+        if run.get("ping") and run["ping"].get("csv"):
+            plotted.add(run["ping"]["csv"])
+    out: Series = {}
+    for where, path in _csv_paths(doc):
+        confined.inside(directory, path, where)
+        if path in plotted and path not in out:
+            text = confined.read_text(directory, path, where, confined.MAX_CSV_BYTES)
+            if text is None:
+                print(f"ccscope: note: {path} is missing; its flow is not plotted", file=sys.stderr)
+            out[path] = _parse_csv(text or "", f"{directory}/{path}")
+    return out
+
+
+def _csv_paths(doc: dict):
+    for i, run in enumerate(doc["runs"]):
+        for kind in ("flows", "downloads"):
+            for j, flow in enumerate(run[kind]):
+                if flow.get("csv") is not None:
+                    yield f"results.json: runs[{i}].{kind}[{j}].csv", flow["csv"]
+        if run.get("ping") and run["ping"].get("csv") is not None:
+            yield f"results.json: runs[{i}].ping.csv", run["ping"]["csv"]
+
+
+def _parse_csv(text: str, where: str) -> dict[str, tuple[list[float], list[float]]]:
+    columns: dict[str, tuple[list[float], list[float]]] = {}
     try:
-        with path.open() as fh:
-            return list(csv.DictReader(fh))
-    except OSError:
-        return []
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        wanted = [c for c in PLOTTED_COLUMNS if c in (reader.fieldnames or [])]
+        if text and (not reader.fieldnames or "time_s" not in reader.fieldnames):
+            raise UsageError(f"{where}: no time_s column in the first line")
+        for key in wanted:
+            columns[key] = ([], [])
+        for row in reader:
+            for key in wanted:
+                if row.get(key) not in (None, ""):
+                    columns[key][0].append(_number(row.get("time_s"), where, reader.line_num, "time_s"))
+                    columns[key][1].append(_number(row[key], where, reader.line_num, key))
+    except csv.Error as exc:
+        raise UsageError(f"{where}: not valid CSV: {exc}") from None
+    return columns
 
 
-def _col(rows: list[dict], key: str) -> tuple[list[float], list[float]]:
-    xs, ys = [], []
-    for r in rows:
-        if r.get(key) not in (None, ""):
-            xs.append(float(r["time_s"]))
-            ys.append(float(r[key]))
-    return xs, ys
+def _number(text, where: str, line: int, column: str) -> float:
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not math.isfinite(value):
+        raise UsageError(f"{where}: line {line}: {column} {str(text)[:40]!r} is not a number")
+    return value
 
 
 # --- plots -----------------------------------------------------------------------------------------
@@ -59,7 +115,7 @@ def _profiles(doc: dict) -> list[str]:
     return [p for p in doc["profiles"] if any(r["profile"] == p for r in doc["runs"])]
 
 
-def plot_timeseries(directory: Path, doc: dict, column: str, ylabel: str, name: str, title: str,
+def plot_timeseries(directory: Path, doc: dict, series: Series, column: str, ylabel: str, name: str, title: str,
                     with_ping: bool = False) -> str | None:
     profiles = _profiles(doc)
     if not profiles:
@@ -73,7 +129,7 @@ def plot_timeseries(directory: Path, doc: dict, column: str, ylabel: str, name: 
                 continue
             flows = [f for f in run["flows"] if f.get("csv")] or [d for d in run["downloads"] if d.get("csv")]
             for i, flow in enumerate(flows):
-                xs, ys = _col(_read_csv(directory / flow["csv"]), column)
+                xs, ys = series.get(flow["csv"], {}).get(column, ([], []))
                 if not xs:
                     continue
                 alg = flow["algorithm"]
@@ -84,7 +140,7 @@ def plot_timeseries(directory: Path, doc: dict, column: str, ylabel: str, name: 
                 labelled.add(label)
                 drew = True
             if with_ping and run.get("ping") and run["ping"].get("csv"):
-                xs, ys = _col(_read_csv(directory / run["ping"]["csv"]), "rtt_ms")
+                xs, ys = series.get(run["ping"]["csv"], {}).get("rtt_ms", ([], []))
                 ping_label = f"ping ({run['algorithms']})"
                 ax.scatter(xs, ys, s=10, color=color(run["algorithms"].split("+")[0]), alpha=0.35, marker=".",
                            label=None if ping_label in labelled else ping_label)
@@ -185,8 +241,9 @@ def plot_downloads(directory: Path, doc: dict) -> str | None:
             if done:
                 ax.scatter([s for s, _ in done], [t for _, t in done], color=color(alg), label=alg, s=22, alpha=0.7)
             if failed:
-                limit = doc["scenario"]["definition"].get("traffic", {}).get("downloads", {}).get("timeout")
-                ys = [_timeout_s(limit) for _ in failed]
+                traffic = doc["scenario"]["definition"].get("traffic")
+                downloads = traffic.get("downloads") if isinstance(traffic, dict) else None
+                ys = [_timeout_s(downloads.get("timeout") if isinstance(downloads, dict) else None) for _ in failed]
                 ax.scatter(failed, ys, color=color(alg), marker="x", s=60,
                            label=f"{alg}: incomplete at the time limit")
         ax.set_xscale("log")
@@ -276,6 +333,8 @@ def summary_table(doc: dict) -> str:
     lines = ["  ".join(v.ljust(w) if i < 2 else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths, strict=True)))
              for row in cells]
     note = "± is the 95% confidence interval over runs" if doc["runs_per_unit"] > 1 else "1 run per cell: no interval"
+    if not doc["complete"]:
+        note += f"; INCOMPLETE: {len(doc['runs'])} of {len(doc['run_order'])} runs"
     return f"\n{doc['scenario']['name']} ({note})\n" + "\n".join(lines)
 
 
@@ -294,12 +353,12 @@ def _table(header: list[str], rows: list[list[str]], numeric_from: int = 2) -> s
     return f"<table><tr>{h}</tr>{body}</table>"
 
 
-def render(directory: Path, doc: dict) -> Path:
+def render(directory: Path, doc: dict, series: Series) -> Path:
     plots = [p for p in (
-        plot_timeseries(directory, doc, "cwnd_segments", "cwnd (segments)", "cwnd.png", "congestion window"),
-        plot_timeseries(directory, doc, "throughput_mbps", "throughput (Mbit/s, 200 ms window)", "throughput.png",
-                        "throughput"),
-        plot_timeseries(directory, doc, "srtt_ms", "RTT (ms): srtt lines, ping dots", "rtt.png", "RTT",
+        plot_timeseries(directory, doc, series, "cwnd_segments", "cwnd (segments)", "cwnd.png", "congestion window"),
+        plot_timeseries(directory, doc, series, "throughput_mbps", "throughput (Mbit/s, 200 ms window)",
+                        "throughput.png", "throughput"),
+        plot_timeseries(directory, doc, series, "srtt_ms", "RTT (ms): srtt lines, ping dots", "rtt.png", "RTT",
                         with_ping=True),
         plot_tradeoff(directory, doc), plot_loss(directory, doc), plot_downloads(directory, doc)) if p]
     env = doc["environment"]
@@ -309,6 +368,12 @@ def render(directory: Path, doc: dict) -> Path:
              f"<p>{len(doc['runs'])} runs, {doc['runs_per_unit']} per profile × algorithm"
              f"{' (quick)' if doc['quick'] else ''}; bulk flows {doc['scenario']['duration_s']:g} s with the first "
              f"{doc['scenario']['warmup_s']:g} s trimmed; started {html.escape(doc['started_at'])}.</p>"]
+    if not doc["complete"]:
+        why = f", interrupted by {doc['interrupted']}" if doc["interrupted"] else ""
+        missing = ", ".join(doc["missing_runs"][:20]) + (", ..." if len(doc["missing_runs"]) > 20 else "")
+        parts.append(f"<h2 class=err>Incomplete: {len(doc['runs'])} of {len(doc['run_order'])} runs{html.escape(why)}"
+                     f"</h2><p class=err>Missing: {html.escape(missing)}. Finish with the scenario's command and "
+                     f"<code>--resume {html.escape(str(directory))}</code>.</p>")
     if doc["errors"]:
         parts.append("<h2 class=err>Errors</h2><ul class=err>" +
                      "".join(f"<li>{html.escape(e)}</li>" for e in doc["errors"]) + "</ul>")
@@ -357,5 +422,5 @@ def render(directory: Path, doc: dict) -> Path:
                  f"{doc['schema_version']}) and per-flow CSVs in <code>flows/</code>. "
                  "Re-render with <code>ccscope report DIR</code>.</p>")
     path = directory / "report.html"
-    path.write_text("\n".join(parts) + "\n")
+    write_atomic(path, "\n".join(parts) + "\n")
     return path
