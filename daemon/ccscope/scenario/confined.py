@@ -47,12 +47,13 @@ def read_text(root: Path, relative: str, what: str, limit: int) -> str | None:
         return None
     except OSError as exc:
         raise UsageError(f"{what}: {relative}: cannot read: {exc.strerror}") from None
-    with os.fdopen(fd, "rb") as fh:
-        info = os.fstat(fh.fileno())
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
+        os.close(fd)
         if not stat.S_ISREG(info.st_mode):
             raise UsageError(f"{what}: {relative} is not a regular file")
-        if info.st_size > limit:
-            raise UsageError(f"{what}: {relative} is {info.st_size} bytes, more than the limit of {limit}")
+        raise UsageError(f"{what}: {relative} is {info.st_size} bytes, more than the limit of {limit}")
+    with os.fdopen(fd, "rb") as fh:
         try:
             data = fh.read(limit + 1)  # the file may grow after fstat
         except OSError as exc:

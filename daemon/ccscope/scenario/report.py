@@ -111,8 +111,11 @@ def _first_runs(doc: dict) -> list[dict]:
     return out
 
 
+MAX_PANELS = 40  # profiles in one figure, bars in the loss plot: beyond that a figure is unreadable (and huge)
+
+
 def _profiles(doc: dict) -> list[str]:
-    return [p for p in doc["profiles"] if any(r["profile"] == p for r in doc["runs"])]
+    return [p for p in doc["profiles"] if any(r["profile"] == p for r in doc["runs"])][:MAX_PANELS]
 
 
 def plot_timeseries(directory: Path, doc: dict, series: Series, column: str, ylabel: str, name: str, title: str,
@@ -165,6 +168,8 @@ def plot_tradeoff(directory: Path, doc: dict) -> str | None:
     if not rows:
         return None
     profiles = [p for p in _profiles(doc) if any(r["profile"] == p for r in rows)]
+    if not profiles:  # summary rows of profiles without runs: a hand-edited document
+        return None
     fig, axes = plt.subplots(1, len(profiles), figsize=(4.8 * len(profiles) + 0.6, 4.6), squeeze=False)
     for ax, profile in zip(axes[0], profiles, strict=True):
         mine = [r for r in rows if r["profile"] == profile]
@@ -203,7 +208,7 @@ def plot_tradeoff(directory: Path, doc: dict) -> str | None:
 
 def plot_loss(directory: Path, doc: dict) -> str | None:
     rows = [r for r in doc["summary"] if r["retransmit_ratio"]["mean"] is not None
-            or r["link_drop_ratio"]["mean"] is not None]
+            or r["link_drop_ratio"]["mean"] is not None][:MAX_PANELS]
     if not rows:
         return None
     fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(rows) + 2), 4.5))
@@ -232,6 +237,8 @@ def plot_downloads(directory: Path, doc: dict) -> str | None:
     if not any(r["downloads"] for r in doc["runs"]):
         return None
     profiles = [p for p in _profiles(doc) if any(r["downloads"] for r in doc["runs"] if r["profile"] == p)]
+    if not profiles:
+        return None
     fig, axes = plt.subplots(1, len(profiles), figsize=(4.5 * len(profiles) + 1, 4.2), squeeze=False, sharey=True)
     for ax, profile in zip(axes[0], profiles, strict=True):
         for alg in sorted({d["algorithm"] for r in doc["runs"] if r["profile"] == profile for d in r["downloads"]}):

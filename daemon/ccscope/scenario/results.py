@@ -260,17 +260,34 @@ def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
 
-def upgrade(doc: dict) -> dict:
+def upgrade(doc: Any) -> Any:
     """Schema 1 (before crash-safe results) was only ever written complete."""
-    if doc.get("schema_version") == 1:
+    if isinstance(doc, dict) and doc.get("schema_version") == 1:
         doc = {**doc, "schema_version": SCHEMA_VERSION, "complete": True, "missing_runs": [], "interrupted": None,
                "backend_requested": "auto", "resumed_at": []}
     return doc
 
 
+MAX_DEPTH = 32  # results.json nests 7 deep; the scenario definition a little more
+
+
+def _too_deep(value: Any) -> bool:
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth > MAX_DEPTH:
+                return True
+            stack.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return False
+
+
 def parse(text: str, where: str) -> dict:
     """A results document from JSON text: schema-checked, every problem one UsageError line."""
-    doc = upgrade(confined.parse_json(text, where))
+    doc = confined.parse_json(text, where)
+    if _too_deep(doc):
+        raise UsageError(f"{where}: nested deeper than {MAX_DEPTH} levels")
+    doc = upgrade(doc)
     if not isinstance(doc, dict) or doc.get("schema_version") != SCHEMA_VERSION:
         got = doc.get("schema_version") if isinstance(doc, dict) else None
         raise UsageError(f"{where}: schema_version {_short(got)}, this ccscope reads {SCHEMA_VERSION}")

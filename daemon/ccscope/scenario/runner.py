@@ -118,15 +118,9 @@ def run(scenario: Scenario, options: Options) -> tuple[Path, dict]:
     out = options.resume or options.out or default_out(scenario)
     if options.resume is None and out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UsageError(f"--out {out}: {'directory exists and is not empty' if out.is_dir() else 'not a directory'}")
-    _refuse_stale(options.cleanup_stale)
+    store, doc = _open(out, fresh, options)
     for name in skipped:
         print(f"ccscope: {name} is not available in this kernel; running without it", file=sys.stderr)
-    if options.resume is not None:
-        store, doc = _reopen(options.resume, fresh)
-    else:
-        (out / "flows").mkdir(parents=True, exist_ok=True)
-        doc = fresh
-        store = Store.create(out, doc)
     old_handlers = _raise_on_signals()
     try:
         _run_missing(scenario, units, doc, store, out, options)
@@ -172,21 +166,26 @@ def _run_missing(scenario: Scenario, units: list[Unit], doc: dict, store: Store,
             progress.done(record)
 
 
-def _reopen(directory: Path, fresh: dict) -> tuple[Store, dict]:
-    """The stored document, if `fresh` (this invocation's plan) is the scenario that wrote it."""
-    store, doc = Store.resume(directory)
+def _open(out: Path, fresh: dict, options: Options) -> tuple[Store, dict]:
+    """A new results directory, or the one to resume if `fresh` (this invocation's plan) is the scenario
+    that wrote it; a dead run's leftovers are refused (or removed) before anything is written."""
+    if options.resume is None:
+        _refuse_stale(options.cleanup_stale)
+        (out / "flows").mkdir(parents=True, exist_ok=True)
+        return Store.create(out, fresh), fresh
+    store, doc = Store.resume(out)
     try:
         differs = results.identity_mismatch(doc, fresh)
         if differs:
-            raise UsageError(f"--resume {directory}: the scenario differs from the one that wrote it: {differs}")
-        done = len(doc["runs"])
-        print(f"ccscope: resuming {directory}: {done} of {len(doc['run_order'])} runs done, "
-              f"{len(doc['missing_runs'])} to run", file=sys.stderr)
-        doc["resumed_at"].append(_now_iso())
-        doc["interrupted"] = None
+            raise UsageError(f"--resume {out}: the scenario differs from the one that wrote it: {differs}")
+        _refuse_stale(options.cleanup_stale)
     except BaseException:
         store.close()
         raise
+    print(f"ccscope: resuming {out}: {len(doc['runs'])} of {len(doc['run_order'])} runs done, "
+          f"{len(doc['missing_runs'])} to run", file=sys.stderr)
+    doc["resumed_at"].append(_now_iso())
+    doc["interrupted"] = None
     return store, doc
 
 
