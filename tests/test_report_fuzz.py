@@ -359,3 +359,19 @@ def test_corrupt_journal_line_is_one_line(tmp_path, line):
     _journal(directory, BASE, [], tail=line + b"\n" + b'{"kind":"header","document":{}}\n')
     line = _assert_refused(tmp_path, directory, _tree(tmp_path))
     assert "runs.jsonl" in line
+
+
+@pytest.mark.parametrize("data", [
+    b"[" * 100_000 + b"]" * 100_000,
+    b'{"schema_version": 2, "a": ' + b"[" * 50 + b"]" * 50 + b"}",
+    json.dumps(BASE).encode().replace(b'"fuzz"', b'"fu\xffzz"', 1)], ids=["recursion", "deep", "non-utf8"])
+def test_issue_cases_in_results_json(tmp_path, data):
+    directory = _write_dir(tmp_path, results_bytes=data)
+    line = _assert_refused(tmp_path, directory, _tree(tmp_path))
+    assert "results.json" in line and ("nested" in line or "not UTF-8" in line)
+
+
+def test_non_utf8_flow_csv_is_one_line(tmp_path):
+    directory = _write_dir(tmp_path, csv_bytes=CSV_TEXT.encode().replace(b"16.000", b"16.\xe900"))
+    line = _assert_refused(tmp_path, directory, _tree(tmp_path))
+    assert CSV in line and "not UTF-8 (byte 0xe9" in line

@@ -357,3 +357,13 @@ def test_sigkill_in_report_phase_keeps_all_runs(ccscope_cmd, tmp_path, started, 
     assert _journal_runs(out) == [r["label"] for r in doc["runs"]]
     res = _report(ccscope_cmd, out)
     assert "INCOMPLETE" not in res.stdout and (out / "plots" / "cwnd.png").is_file()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--out", "/proc/nope/out"], "--out /proc/nope/out: cannot create"),
+    (["--resume", "/proc/self"], "--resume /proc/self: not a results directory")])
+def test_bad_output_directory_is_one_line(ccscope_cmd, scenario_file, args, message):
+    res = subprocess.run([*ccscope_cmd, "scenario", "run", str(scenario_file), "--listen", "off", *args],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert message in res.stderr

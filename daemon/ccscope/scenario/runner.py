@@ -171,8 +171,11 @@ def _open(out: Path, fresh: dict, options: Options) -> tuple[Store, dict]:
     that wrote it; a dead run's leftovers are refused (or removed) before anything is written."""
     if options.resume is None:
         _refuse_stale(options.cleanup_stale)
-        (out / "flows").mkdir(parents=True, exist_ok=True)
-        return Store.create(out, fresh), fresh
+        try:
+            (out / "flows").mkdir(parents=True, exist_ok=True)
+            return Store.create(out, fresh), fresh
+        except OSError as exc:
+            raise UsageError(f"--out {out}: cannot create: {exc.strerror}") from None
     store, doc = Store.resume(out)
     try:
         differs = results.identity_mismatch(doc, fresh)
