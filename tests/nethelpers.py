@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -249,3 +250,18 @@ def parse_metrics(text: str) -> list[tuple[str, dict[str, str], float]]:
         labels = dict(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"', match.group(2) or ""))
         samples.append((match.group(1), labels, float(match.group(3))))
     return samples
+
+
+def bpf_prog_ids(pid: int) -> set[int]:
+    """Ids of the BPF programs process `pid` holds open (from its fdinfo); empty once it is gone."""
+    ids: set[int] = set()
+    try:
+        fds = list(Path(f"/proc/{pid}/fdinfo").iterdir())
+    except OSError:
+        return ids
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            for line in fd.read_text().splitlines():
+                if line.startswith("prog_id:"):
+                    ids.add(int(line.split()[1]))
+    return ids

@@ -23,6 +23,7 @@ import pytest
 from ccscope.emulation import state
 from ccscope.scenario import results, store
 from emulation_helpers import HostSnapshot
+from nethelpers import bpf_prog_ids
 from prereqs import require_bpf_object, require_root, require_tools
 
 SCENARIO = """
@@ -52,22 +53,6 @@ def scenario_file(tmp_path) -> Path:
     path = tmp_path / "faults.yaml"
     path.write_text(SCENARIO)
     return path
-
-
-def _bpf_prog_ids(pid: int) -> set[int]:
-    ids = set()
-    try:
-        fds = list(Path(f"/proc/{pid}/fdinfo").iterdir())
-    except OSError:
-        return ids
-    for fd in fds:
-        try:
-            for line in fd.read_text().splitlines():
-                if line.startswith("prog_id:"):
-                    ids.add(int(line.split()[1]))
-        except OSError:
-            pass
-    return ids
 
 
 def _loaded_prog_ids() -> set[int]:
@@ -116,7 +101,7 @@ class Scenario:
     def watch(self) -> None:
         if self.proc.poll() is not None:
             return
-        self.prog_ids |= _bpf_prog_ids(self.proc.pid)
+        self.prog_ids |= bpf_prog_ids(self.proc.pid)
         for run in state.all_states():
             if run.pid == self.proc.pid:
                 self.namespaces.update(run.namespaces)

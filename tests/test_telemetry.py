@@ -15,10 +15,9 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from nethelpers import Link, Sink, connect, free_port, parse_metrics, tcp_info, wait_port
+from nethelpers import Link, Sink, bpf_prog_ids, connect, free_port, parse_metrics, tcp_info, wait_port
 from prereqs import require_bpf_object, require_root, require_tools
 
 SO_COOKIE = 57
@@ -454,21 +453,11 @@ def test_metrics_pass_promtool(link: Link) -> None:
         assert values(samples, name), name
 
 
-def _bpf_prog_ids(pid: int) -> set[int]:
-    ids = set()
-    for fd in Path(f"/proc/{pid}/fdinfo").iterdir():
-        with contextlib.suppress(OSError):
-            for line in fd.read_text().splitlines():
-                if line.startswith("prog_id:"):
-                    ids.add(int(line.split()[1]))
-    return ids
-
-
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_signal_detaches_programs(sig: int) -> None:
     running = Daemon()
     try:
-        ids = _bpf_prog_ids(running.proc.pid)
+        ids = bpf_prog_ids(running.proc.pid)
         progs = json.loads(subprocess.check_output(["bpftool", "prog", "show", "-j"]))
         loaded = {p["id"]: p.get("name") for p in progs}
         assert {loaded.get(i) for i in ids} >= {"tcp_probe", "tcp_retransmit_skb"}
