@@ -194,8 +194,26 @@ def load(directory: Path) -> dict:
     return results.parse(json.dumps(doc, default=str), str(directory / JOURNAL))
 
 
+def _being_written(directory: Path) -> bool:
+    """A scenario holds the journal's lock while it runs (and keeps results.json current itself)."""
+    try:
+        fd = os.open(directory / JOURNAL, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
 def rebuilt(directory: Path, doc: dict) -> bool:
-    """Writes `doc` as results.json if it holds runs the file lacks; True if it did."""
+    """Writes `doc` as results.json if it holds runs the file lacks (and no scenario is writing the
+    directory); True if it did."""
+    if _being_written(directory):
+        return False
     try:
         on_disk = results.load(directory)
     except UsageError:
