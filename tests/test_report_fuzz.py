@@ -375,3 +375,24 @@ def test_non_utf8_flow_csv_is_one_line(tmp_path):
     directory = _write_dir(tmp_path, csv_bytes=CSV_TEXT.encode().replace(b"16.000", b"16.\xe900"))
     line = _assert_refused(tmp_path, directory, _tree(tmp_path))
     assert CSV in line and "not UTF-8 (byte 0xe9" in line
+
+
+@pytest.mark.parametrize("link", ["plots", "plots/cwnd.png", "report.html", ".report.html.tmp",
+                                  "plots/.cwnd.png.tmp"])
+def test_report_never_writes_through_a_symlink(tmp_path, link):
+    directory = _write_dir(tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "victim").write_text("untouched")
+    if link == "plots":
+        (directory / "plots").symlink_to(outside)
+    else:
+        (directory / link).parent.mkdir(exist_ok=True)
+        (directory / link).symlink_to(outside / "victim")
+    code, _, err = _report(directory)
+    assert [p.name for p in outside.iterdir()] == ["victim"] and (outside / "victim").read_text() == "untouched"
+    if link == "plots":
+        assert code == 2 and err.count("\n") == 1 and "not a directory" in err, err
+    else:
+        assert code == 0, err
+        assert not (directory / link).is_symlink() or link.endswith(".tmp")

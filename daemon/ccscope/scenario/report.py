@@ -47,6 +47,9 @@ def load_series(directory: Path, doc: dict) -> Series:
         plotted.update(f["csv"] for f in [*run["flows"], *run["downloads"]] if f.get("csv"))
         if run.get("ping") and run["ping"].get("csv"):
             plotted.add(run["ping"]["csv"])
+    plots = directory / "plots"
+    if plots.is_symlink() or (plots.exists() and not plots.is_dir()):
+        raise UsageError(f"{plots}: not a directory (the report writes its plots there)")
     out: Series = {}
     for where, path in _csv_paths(doc):
         confined.inside(directory, path, where)
@@ -276,8 +279,10 @@ def _timeout_s(raw) -> float:
 
 def _save(fig, directory: Path, name: str) -> str:
     (directory / "plots").mkdir(exist_ok=True)
-    fig.savefig(directory / "plots" / name, dpi=110)
+    image = io.BytesIO()
+    fig.savefig(image, format="png", dpi=110)
     plt.close(fig)
+    write_atomic(directory / "plots" / name, image.getvalue())
     return f"plots/{name}"
 
 

@@ -52,11 +52,15 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Readers see the old file or the new one, never a part of either."""
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Readers see the old file or the new one, never a part of either. The temporary file is created
+    afresh (O_EXCL, no symlink followed) and renamed over `path`, which replaces a symlink there rather
+    than writing through it."""
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data.encode() if isinstance(data, str) else data)
         fh.flush()
         os.fsync(fh.fileno())
     tmp.replace(path)
