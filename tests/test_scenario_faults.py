@@ -11,6 +11,7 @@ with its NFQUEUE rules runs): a run takes ~5 s."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -23,7 +24,7 @@ import pytest
 from ccscope.emulation import state
 from ccscope.scenario import results, store
 from emulation_helpers import HostSnapshot
-from nethelpers import bpf_prog_ids
+from nethelpers import held_prog_ids
 from prereqs import require_bpf_object, require_root, require_tools
 
 SCENARIO = """
@@ -101,7 +102,8 @@ class Scenario:
     def watch(self) -> None:
         if self.proc.poll() is not None:
             return
-        self.prog_ids |= bpf_prog_ids(self.proc.pid)
+        with contextlib.suppress(OSError):  # it may just have exited
+            self.prog_ids |= held_prog_ids(self.proc.pid)
         for run in state.all_states():
             if run.pid == self.proc.pid:
                 self.namespaces.update(run.namespaces)
