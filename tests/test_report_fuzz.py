@@ -38,7 +38,6 @@ def _base_document() -> dict:
     doc = results.new_document(scenario, units, [], quick=False)
     record = results.new_run(units[0], 1)
     flow = analysis.empty_flow()
-    flow.pop("_srtt_samples")
     flow.update({"id": "bulk0", "kind": "bulk", "algorithm": "cubic", "algorithm_kernel": "cubic",
                  "algorithm_iperf3": "cubic", "algorithm_ok": True, "goodput_bps": 19e6, "samples": 3,
                  "srtt_ms": analysis.summary([16.0, 17.0, 19.0]), "retransmits": 2, "retransmit_ratio": 0.002,

@@ -95,7 +95,7 @@ def _run(scenario, args: argparse.Namespace) -> int:
     out, doc = runner.run(scenario, options)
     from . import report
 
-    html = report.render(out, doc, report.load_series(out, doc))
+    html = report.render(out, doc)
     print(report.summary_table(doc))
     for warning in doc["warnings"]:
         print(f"ccscope: warning: {warning}", file=sys.stderr)

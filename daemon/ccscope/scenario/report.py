@@ -360,9 +360,10 @@ def _table(header: list[str], rows: list[list[str]], numeric_from: int = 2) -> s
     return f"<table><tr>{h}</tr>{body}</table>"
 
 
-def render(directory: Path, doc: dict, series: Series) -> Path:
-    """report.html and the PNGs it shows, from results.json and the per-flow CSVs (load_series)."""
-    plots = _draw_plots(directory, doc, series)
+def render(directory: Path, doc: dict, series: Series | None = None) -> Path:
+    """report.html and the PNGs it shows, from results.json and the per-flow CSVs (load_series, which
+    checks and reads them all before anything is written; pass its result if you have it already)."""
+    plots = _draw_plots(directory, doc, load_series(directory, doc) if series is None else series)
     sections = (_html_header(doc), _html_incomplete(directory, doc), _html_problems(doc), _html_summary(doc),
                 _html_plots(plots), _html_profiles(doc), _html_runs(doc), _html_downloads(doc),
                 _html_environment(doc), _html_footer(doc))
