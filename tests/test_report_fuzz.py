@@ -164,7 +164,7 @@ def mutated_documents(draw) -> dict:
     return doc
 
 
-@settings(SETTINGS, max_examples=40)
+@settings(SETTINGS, max_examples=30)
 @given(doc=mutated_documents())
 def test_any_document_renders_or_is_one_line(doc):
     with tempfile.TemporaryDirectory() as tmp:
