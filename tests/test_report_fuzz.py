@@ -395,3 +395,18 @@ def test_report_never_writes_through_a_symlink(tmp_path, link):
     else:
         assert code == 0, err
         assert not (directory / link).is_symlink() or link.endswith(".tmp")
+
+
+def test_resume_cuts_a_torn_journal_line_before_appending(tmp_path):
+    header_only = {**copy.deepcopy(BASE), "runs": [], "complete": False, "missing_runs": list(BASE["run_order"])}
+    results.refresh(header_only, store.scenario_shape(header_only))
+    directory = _write_dir(tmp_path, header_only)
+    _journal(directory, BASE, [], tail=b'{"kind":"run","run":{"label":"fa')
+    resumed, doc = store.Store.resume(directory)
+    try:
+        assert doc["runs"] == [] and doc["missing_runs"] == BASE["run_order"]
+        resumed.add_run(doc, copy.deepcopy(BASE["runs"][0]))
+    finally:
+        resumed.close()
+    assert [r["label"] for r in store.load(directory)["runs"]] == BASE["run_order"]
+    assert (directory / store.JOURNAL).read_bytes().count(b"\n") == 2  # header and the run, nothing torn

@@ -77,6 +77,15 @@ def scenario_shape(doc: dict) -> SimpleNamespace:
                            algorithms=[tuple(a.split("+")) for a in doc["algorithms"]])
 
 
+def _drop_torn_line(fd: int, path: Path) -> None:
+    """A run killed while its journal line was written left a line without its newline: cut it off, or
+    the next line would be appended to it."""
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        os.ftruncate(fd, data.rfind(b"\n") + 1)
+        os.fsync(fd)
+
+
 class Store:
     """The results directory of one running scenario; holds an exclusive lock on its journal."""
 
@@ -112,6 +121,7 @@ class Store:
         fd = cls._lock(out)
         try:
             doc = load(out)
+            _drop_torn_line(fd, out / JOURNAL)
         except BaseException:
             os.close(fd)
             raise
