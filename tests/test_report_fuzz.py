@@ -164,7 +164,7 @@ def mutated_documents(draw) -> dict:
     return doc
 
 
-@settings(SETTINGS, max_examples=30)
+@settings(SETTINGS, max_examples=25)
 @given(doc=mutated_documents())
 def test_any_document_renders_or_is_one_line(doc):
     with tempfile.TemporaryDirectory() as tmp:
@@ -249,7 +249,7 @@ def test_broken_results_json_is_refused(data):
         _assert_refused(root, directory, _tree(root))
 
 
-@SETTINGS
+@settings(SETTINGS, max_examples=25)
 @given(data=st.sampled_from([b"\xff\xfe", b"time_s,cwnd_segments\n0.1,\xff\n", b"time_s,cwnd_segments\n0.1,abc\n",
                              b"time_s,cwnd_segments\n0.1,inf\n", b"time_s,cwnd_segments\nnan,1\n",
                              b"time_s,cwnd_segments\n0.1,\x00\n", b"cwnd_segments\n1\n",
@@ -376,8 +376,7 @@ def test_non_utf8_flow_csv_is_one_line(tmp_path):
     assert CSV in line and "not UTF-8 (byte 0xe9" in line
 
 
-@pytest.mark.parametrize("link", ["plots", "plots/cwnd.png", "report.html", ".report.html.tmp",
-                                  "plots/.cwnd.png.tmp"])
+@pytest.mark.parametrize("link", ["plots", "report.html", "plots/.cwnd.png.tmp"])
 def test_report_never_writes_through_a_symlink(tmp_path, link):
     directory = _write_dir(tmp_path)
     outside = tmp_path / "outside"
