@@ -6,8 +6,8 @@ or `ccscope cleanup` (SIGKILL), none of THIS run's namespaces, processes or BPF 
 host's qdiscs, iptables rules and sysctls are as before. Other engineers' scenarios run on this machine
 at the same time, so only what the killed process created is checked (by its pid and namespaces).
 
-Each scenario here is 2 profiles x 1 algorithm, 3 s flows, with a delay (so the userspace delay line
-with its NFQUEUE rules runs): a run takes ~5 s."""
+Each scenario here is 2 profiles x 1 algorithm, 3 s flows, on the userspace backend (so a delay-line
+process and NFQUEUE rules are among what a kill leaves behind, also where netem exists): a run takes ~5 s."""
 
 from __future__ import annotations
 
@@ -94,9 +94,10 @@ class Scenario:
     @classmethod
     def start(cls, ccscope_cmd, path: Path, tmp_path: Path, *args: str) -> Scenario:
         stderr = tmp_path / f"stderr-{time.monotonic_ns()}"
-        proc = subprocess.Popen([*ccscope_cmd, "scenario", "run", str(path), "--no-verify", "--listen", "off",
-                                 *args], stdout=subprocess.DEVNULL, stderr=stderr.open("w"),
-                                preexec_fn=_sigint_default)
+        with stderr.open("w") as err:
+            proc = subprocess.Popen([*ccscope_cmd, "scenario", "run", str(path), "--no-verify", "--listen", "off",
+                                     "--backend", "userspace", *args], stdout=subprocess.DEVNULL, stderr=err,
+                                    preexec_fn=_sigint_default)
         return cls(proc, stderr)
 
     def watch(self) -> None:
