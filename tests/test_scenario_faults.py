@@ -25,7 +25,7 @@ from ccscope.emulation import state
 from ccscope.scenario import results, store
 from emulation_helpers import HostSnapshot
 from nethelpers import held_prog_ids
-from prereqs import require_bpf_object, require_root, require_tools
+from prereqs import require_scenario
 
 SCENARIO = """
 name: faults
@@ -44,9 +44,7 @@ DEADLINE_S = 120
 
 @pytest.fixture(autouse=True)
 def prerequisites():
-    require_root()
-    require_tools("iperf3", "ping", "ip", "tc", "ethtool", "ss", "iptables")
-    require_bpf_object()
+    require_scenario()
 
 
 @pytest.fixture
