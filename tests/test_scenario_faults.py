@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from ccscope.emulation import state
+from ccscope.emulation import PathProfile, Testbed, state
 from ccscope.scenario import results, store
 from emulation_helpers import HostSnapshot
 from nethelpers import held_prog_ids
@@ -347,9 +347,21 @@ def test_sigkill_in_report_phase_keeps_all_runs(ccscope_cmd, tmp_path, started, 
 
 @pytest.mark.parametrize("args, message", [
     (["--out", "/proc/nope/out"], "--out /proc/nope/out: cannot create"),
-    (["--resume", "/proc/self"], "--resume /proc/self: not a results directory")])
+    (["--resume", "/proc/self"], "--resume /proc/self: not a results directory"),
+    (["--out", "FILE"], "not a directory")])
 def test_bad_output_directory_is_one_line(ccscope_cmd, scenario_file, args, message):
+    args = [str(scenario_file) if a == "FILE" else a for a in args]
     res = subprocess.run([*ccscope_cmd, "scenario", "run", str(scenario_file), "--listen", "off", *args],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
     assert message in res.stderr
+
+
+def test_a_live_run_is_never_a_leftover(host):
+    """Another scenario running on the machine (here: a testbed of this live process) is not reported."""
+    profile = PathProfile.from_dict("live", {"rate": "10mbit", "delay": "5ms"}, "test")
+    with Testbed(profile, backend="userspace") as tb:
+        left = state.dead_leftovers()
+        assert set(tb.namespaces) <= set(state.list_namespaces())
+        assert not set(tb.namespaces) & set(left.namespaces)
+        assert tb.run_id not in {s.run_id for s in left.states}
