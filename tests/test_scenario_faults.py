@@ -95,7 +95,7 @@ class Scenario:
         with stderr.open("w") as err:
             proc = subprocess.Popen([*ccscope_cmd, "scenario", "run", str(path), "--no-verify", "--listen", "off",
                                      "--backend", "userspace", *args], stdout=subprocess.DEVNULL, stderr=err,
-                                    preexec_fn=_sigint_default)
+                                    preexec_fn=_sigint_default, start_new_session=True)
         return cls(proc, stderr)
 
     def watch(self) -> None:
@@ -129,7 +129,10 @@ class Scenario:
     def kill(self, sig: int) -> int:
         self.watch()
         assert self.proc.poll() is None, f"the scenario ended before it could be killed: {self.err()}"
-        self.proc.send_signal(sig)
+        if sig == signal.SIGINT:  # Ctrl-C: the terminal signals the whole foreground process group
+            os.killpg(self.proc.pid, sig)
+        else:
+            self.proc.send_signal(sig)
         return self.proc.wait(timeout=60)
 
     def finish(self) -> int:

@@ -37,8 +37,10 @@ def inside(root: Path, relative: Any, what: str) -> Path:
 
 
 def read_text(root: Path, relative: str, what: str, limit: int) -> str | None:
-    """The UTF-8 text of a regular file inside `root`, or None if it does not exist."""
+    """The UTF-8 text of a regular file inside `root`, or None if it does not exist. Errors start with
+    `what` (e.g. "results.json: runs[0].flows[0].csv"), then the file if `what` does not name it."""
     path = inside(root, relative, what)
+    at = what if what.endswith(relative) else f"{what}: {relative}"
     try:
         # O_NONBLOCK: opening a FIFO must not hang; O_NOFOLLOW: the path was resolved, so a symlink here
         # appeared after the check.
@@ -46,25 +48,24 @@ def read_text(root: Path, relative: str, what: str, limit: int) -> str | None:
     except FileNotFoundError:
         return None
     except OSError as exc:
-        raise UsageError(f"{what}: {relative}: cannot read: {exc.strerror}") from None
+        raise UsageError(f"{at}: cannot read: {exc.strerror}") from None
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
-        os.close(fd)
+        os.close(fd)  # (os.fdopen refuses directories)
         if not stat.S_ISREG(info.st_mode):
-            raise UsageError(f"{what}: {relative} is not a regular file")
-        raise UsageError(f"{what}: {relative} is {info.st_size} bytes, more than the limit of {limit}")
+            raise UsageError(f"{at}: not a regular file")
+        raise UsageError(f"{at}: {info.st_size} bytes, more than the limit of {limit}")
     with os.fdopen(fd, "rb") as fh:
         try:
             data = fh.read(limit + 1)  # the file may grow after fstat
         except OSError as exc:
-            raise UsageError(f"{what}: {relative}: cannot read: {exc.strerror}") from None
+            raise UsageError(f"{at}: cannot read: {exc.strerror}") from None
     if len(data) > limit:
-        raise UsageError(f"{what}: {relative} is larger than the limit of {limit} bytes")
+        raise UsageError(f"{at}: larger than the limit of {limit} bytes")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise UsageError(f"{what}: {relative}: not UTF-8 (byte 0x{data[exc.start]:02x} at offset {exc.start})") \
-            from None
+        raise UsageError(f"{at}: not UTF-8 (byte 0x{data[exc.start]:02x} at offset {exc.start})") from None
 
 
 def parse_json(text: str, what: str) -> Any:

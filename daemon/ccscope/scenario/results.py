@@ -235,14 +235,14 @@ def identity_mismatch(stored: dict, fresh: dict) -> str | None:
 
 
 def _first_difference(a: Any, b: Any, path: str) -> str | None:
+    """A key absent on one side and null on the other is no difference (an optional key added later)."""
     a, b = _jsonable(a), _jsonable(b)
-    if a == b:
-        return None
     if isinstance(a, dict) and isinstance(b, dict):
         for key in [*a, *(k for k in b if k not in a)]:
             if problem := _first_difference(a.get(key), b.get(key), f"{path} {key}"):
                 return problem
-    return f"{path}: {_short(a)} there, {_short(b)} now"
+        return None
+    return None if a == b else f"{path}: {_short(a)} there, {_short(b)} now"
 
 
 def refresh(doc: dict, scenario_like) -> None:

@@ -117,7 +117,7 @@ def run(scenario: Scenario, options: Options) -> tuple[Path, dict]:
         print(f"ccscope: {name} is not available in this kernel; running without it", file=sys.stderr)
     old_handlers = _raise_on_signals()
     try:
-        _run_missing(scenario, units, doc, store, out, options)
+        ran = _run_missing(scenario, units, doc, store, out, options)
     except (KeyboardInterrupt, SystemExit) as exc:
         signum = signal.SIGINT if isinstance(exc, KeyboardInterrupt) else _signal_of(exc)
         if signum is None:
@@ -136,17 +136,19 @@ def run(scenario: Scenario, options: Options) -> tuple[Path, dict]:
     finally:
         _restore_signals(old_handlers)
         store.close()
-    doc["finished_at"] = now_iso()
+    if ran or doc["finished_at"] is None:
+        doc["finished_at"] = now_iso()
     doc["interrupted"] = None
     store.write(doc)
     return out, doc
 
 
 def _run_missing(scenario: Scenario, units: list[Unit], doc: dict, store: Store, out: Path,
-                 options: Options) -> None:
+                 options: Options) -> int:
+    """Runs the units not in the document yet, saving each as it completes; how many it ran."""
     todo = [(position, unit) for position, unit in enumerate(units, 1) if unit.label in doc["missing_runs"]]
     if not todo:
-        return
+        return 0
     with _telemetry(scenario, options) as (recorder, collector, endpoint):
         if endpoint:
             print(f"ccscope: live per-flow telemetry on http://{endpoint}/metrics", file=sys.stderr)
@@ -158,6 +160,7 @@ def _run_missing(scenario: Scenario, units: list[Unit], doc: dict, store: Store,
             verified.add(unit.profile)
             store.add_run(doc, record)
             progress.done(record)
+    return len(todo)
 
 
 def _open(out: Path, fresh: dict, options: Options) -> tuple[Store, dict]:
