@@ -13,12 +13,12 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from nethelpers import Link, Sink, connect, free_port, parse_metrics, tcp_info, wait_port
+from daemonhelpers import Daemon, daemon
+from nethelpers import Link, Sink, connect, parse_metrics, tcp_info, wait_port
 from prereqs import require_bpf_object, require_root, require_tools
 
 SO_COOKIE = 57
@@ -65,45 +65,6 @@ def cookie_of(sock: socket.socket) -> int:
 
 def cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "ccscope.cli", *args]
-
-
-class Daemon:
-    """A real `ccscope daemon` subprocess, scraped over HTTP like Prometheus would."""
-
-    def __init__(self, *args: str) -> None:
-        self.port = free_port()
-        self.proc = subprocess.Popen(cli("daemon", "--listen", f"127.0.0.1:{self.port}", *args),
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        line = self.proc.stderr.readline()  # "serving ..." once attached, or the one-line error
-        if "serving" not in line:
-            self.stop()
-            raise AssertionError(f"daemon did not start: {line}{self.proc.stderr.read()}")
-
-    def scrape_text(self) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as resp:
-            return resp.read().decode()
-
-    def scrape(self) -> list[tuple[str, dict[str, str], float]]:
-        return parse_metrics(self.scrape_text())
-
-    def stop(self, sig: int = signal.SIGTERM) -> tuple[int, str]:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        return self.proc.returncode, self.proc.stderr.read()
-
-
-@contextlib.contextmanager
-def daemon(*args: str) -> Iterator[Daemon]:
-    running = Daemon(*args)
-    try:
-        yield running
-    finally:
-        running.stop()
 
 
 def values(samples, name: str, **labels: str) -> list[float]:
@@ -476,8 +437,12 @@ def test_signal_detaches_programs(sig: int) -> None:
         code, err = running.stop(sig)
     assert code == 0, err
     assert "detached" in err and "Traceback" not in err
-    after = {p["id"] for p in json.loads(subprocess.check_output(["bpftool", "prog", "show", "-j"]))}
-    assert not ids & after
+
+    def still_loaded() -> set[int]:
+        return ids & {p["id"] for p in json.loads(subprocess.check_output(["bpftool", "prog", "show", "-j"]))}
+
+    # The kernel frees the programs a moment after the process exits (RCU, deferred work): poll, don't sample once.
+    assert wait_for(lambda: not still_loaded(), 10, 0.1), f"programs still loaded: {still_loaded()}"
 
 
 # --- filters and the user-facing commands ---------------------------------------------------------------------------
