@@ -105,7 +105,7 @@ def _endpoint_security(args: argparse.Namespace) -> tuple[ssl.SSLContext | None,
     if args.basic_auth_file:
         auth = webconfig.load_basic_auth_file(Path(args.basic_auth_file))
         print("ccscope: warning: --basic-auth-file (unsalted SHA-256) is deprecated; move to --web.config.file "
-              "with bcrypt hashes (see README, \"Securing the endpoint\")", file=sys.stderr, flush=True)
+              "with bcrypt hashes (see README, \"Security defaults\")", file=sys.stderr, flush=True)
     return tls, auth, []
 
 
