@@ -249,8 +249,8 @@ def _headers(section: dict, path: Path) -> list[tuple[str, str]]:
     for name, value in headers.items():
         if value in (None, ""):
             continue
-        if not isinstance(value, str) or "\n" in value or "\r" in value:
-            raise UsageError(f"{FLAG} {path}: http_server_config.headers.{name} must be a one-line string")
+        if not isinstance(value, str) or not value.isascii() or not value.isprintable():
+            raise UsageError(f"{FLAG} {path}: http_server_config.headers.{name} must be one line of ASCII text")
         out.append((name, value))
     return out
 

@@ -166,7 +166,12 @@ class HttpServer:
                 self._refuse(conn)
                 continue
             client = f"[{addr[0]}]:{addr[1]}" if conn.family == socket.AF_INET6 else f"{addr[0]}:{addr[1]}"
-            threading.Thread(target=self._serve, args=(conn, client), name="http-conn", daemon=True).start()
+            try:
+                threading.Thread(target=self._serve, args=(conn, client), name="http-conn", daemon=True).start()
+            except RuntimeError:  # no thread to be had (memory, pids.max): refuse this one, keep accepting
+                with self._lock:
+                    self._connections.discard(conn)
+                self._refuse(conn)
 
     def _refuse(self, conn: socket.socket) -> None:
         """Over the connection limit: a 503 without reading (plain HTTP only), then close. Never blocks."""
@@ -197,6 +202,8 @@ class HttpServer:
                 wait_s = self.limits.idle_timeout_s
         except (OSError, ssl.SSLError, TimeoutError):
             pass  # the client went away, was too slow, or spoke no TLS: nothing to answer
+        except Exception as exc:  # a bug of ours: one line in the daemon's log, and the server lives on
+            print(f"ccscope: error on connection from {client}: {type(exc).__name__}: {exc}", file=sys.stderr)
         finally:
             with self._lock:
                 self._connections.discard(tracked)
@@ -238,7 +245,7 @@ class HttpServer:
             response: Response | Stream = text_response(
                 401, headers=[("WWW-Authenticate", f'Basic realm="{self.auth.realm}"')])
         elif route is None:
-            response = text_response(404, f"not found: {request.path}")
+            response = text_response(404)
         elif request.method not in route.methods:
             response = text_response(405, headers=[("Allow", ", ".join(sorted(route.methods)))])
         elif route.stream:
