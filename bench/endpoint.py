@@ -25,7 +25,9 @@ import threading
 import time
 from pathlib import Path
 
-from telemetry import CCSCOPE, ROOT, Row, conditions, free_port, render
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from nethelpers import ROOT, daemon
+from telemetry import Row, conditions
 
 RESULTS = ROOT / "bench" / "results" / "endpoint.md"
 SCRAPERS = 50
@@ -33,35 +35,12 @@ TARGET_P99_S = 0.100
 BURST_EVERY_S = 1.0
 
 
-class Endpoint:
-    """`ccscope daemon` on a free port, with a throwaway self-signed certificate when `tls`."""
-
-    def __init__(self, tls: bool, workdir: Path) -> None:
-        self.port = free_port()
-        args = ["daemon", "--listen", f"127.0.0.1:{self.port}"]
-        self.cafile = None
-        if tls:
-            cert, key = workdir / "cert.pem", workdir / "key.pem"
-            subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-                            "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
-                            "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
-            args += ["--tls-cert", str(cert), "--tls-key", str(key)]
-            self.cafile = str(cert)
-        self.proc = subprocess.Popen([*CCSCOPE, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     text=True)
-        line = self.proc.stderr.readline()
-        if "serving" not in line:
-            self.stop()
-            raise SystemExit(f"daemon did not start: {line}")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+def self_signed(workdir: Path) -> tuple[Path, Path]:
+    cert, key = workdir / "cert.pem", workdir / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                    "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+    return cert, key
 
 
 def burst(port: int, cafile: str | None, scrapers: int) -> tuple[list[float], list[str]]:
@@ -117,20 +96,21 @@ def hostile_clients(port: int, idle: int = 20, slow: int = 10):
 
 
 def measure(tls: bool, bursts: int, hostile: bool, workdir: Path) -> Row:
-    endpoint = Endpoint(tls, workdir)
-    try:
-        baseline = [x for _ in range(max(10, bursts)) for x in burst(endpoint.port, endpoint.cafile, 1)[0]]
-        latencies: list[float] = []
-        errors: list[str] = []
-        with hostile_clients(endpoint.port) if hostile else contextlib.nullcontext():
+    cafile, args = None, []
+    if tls:
+        cert, key = self_signed(workdir)
+        cafile, args = str(cert), ["--tls-cert", str(cert), "--tls-key", str(key)]
+    latencies: list[float] = []
+    errors: list[str] = []
+    with daemon(*args) as running:
+        baseline = [x for _ in range(max(10, bursts)) for x in burst(running.port, cafile, 1)[0]]
+        with hostile_clients(running.port) if hostile else contextlib.nullcontext():
             for _ in range(bursts):
                 started = time.monotonic()
-                got, failed = burst(endpoint.port, endpoint.cafile, SCRAPERS)
+                got, failed = burst(running.port, cafile, SCRAPERS)
                 latencies += got
                 errors += failed
                 time.sleep(max(0.0, BURST_EVERY_S - (time.monotonic() - started)))
-    finally:
-        endpoint.stop()
     p99 = percentile(latencies, 0.99) if latencies else float("inf")
     base = percentile(baseline, 0.5)
     what = (f"p99 scrape latency, {SCRAPERS} concurrent scrapers, {'TLS' if tls else 'HTTP'}"
@@ -142,6 +122,14 @@ def measure(tls: bool, bursts: int, hostile: bool, workdir: Path) -> Row:
               f" (p99 under load / p50 alone = {p99 / base:.1f}x)")
     return Row(what, f"{p99 * 1000:.0f} ms", f"<= {TARGET_P99_S * 1000:.0f} ms, no failures",
                p99 <= TARGET_P99_S and not errors, detail)
+
+
+def render(rows: list[Row], note: str) -> str:
+    lines = ["# ccscope metrics endpoint: benchmark", "", f"Conditions: {note}", "",
+             "| measure | result | target | status |", "|---|---|---|---|"]
+    lines += [f"| {r.what} | {r.value} | {r.target} | {'met' if r.ok else 'MISSED'} |" for r in rows]
+    lines += ["", "## Details", "", *(f"- **{r.what}**: {r.detail}" for r in rows)]
+    return "\n".join(lines) + "\n"
 
 
 def main() -> int:
@@ -161,7 +149,7 @@ def main() -> int:
             rows.append(row)
             print(f"{row.what:<90} {row.value:>8}  {'met' if row.ok else 'MISSED'}", flush=True)
     note = conditions() + (f"; {args.note}" if args.note else "")
-    report = render(rows, note).replace("# ccscope telemetry core: benchmark", "# ccscope metrics endpoint: benchmark")
+    report = render(rows, note)
     print("\n" + report)
     if not args.no_write:
         RESULTS.write_text(report)

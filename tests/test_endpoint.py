@@ -20,7 +20,7 @@ from pathlib import Path
 import bcrypt
 import pytest
 from ccscope.web.server import Limits
-from daemonhelpers import daemon
+from nethelpers import daemon
 from prereqs import require_bpf_object, require_root, require_tools
 
 SCRAPE_TIMEOUT_S = 10.0  # Prometheus's default scrape_timeout: a scrape slower than this is a failed scrape
@@ -286,7 +286,7 @@ def test_deprecated_basic_auth_file_still_works(tmp_path: Path) -> None:
     users = tmp_path / "users"
     users.write_text(f"prometheus:{hashlib.sha256(b'pw').hexdigest()}\n")
     with daemon("--flows", "none", "--basic-auth-file", str(users)) as running:
-        assert any("deprecated" in line and "--web.config.file" in line for line in running.first_lines)
+        assert any("deprecated" in line and "--web.config.file" in line for line in running.warnings)
         assert running.get("/metrics", "prometheus", "pw")[0] == 200
         assert running.get("/metrics", "prometheus", "nope")[0] == 401
 
