@@ -1,7 +1,7 @@
 """Credentials the Prometheus way: the exporter-toolkit web config file (`--web.config.file`).
 
 The format is the one node_exporter and every exporter built on prometheus/exporter-toolkit read
-(docs/web-configuration.md there): `tls_server_config` with cert_file/key_file, optional client
+(its web-configuration document): `tls_server_config` with cert_file/key_file, optional client
 certificates and TLS versions; `basic_auth_users` mapping user names to bcrypt hashes;
 `http_server_config.headers`. Keys ccscope does not implement are refused by name rather than ignored,
 since each of them restricts access and silently dropping one would weaken what the user asked for.
