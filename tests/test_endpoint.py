@@ -340,3 +340,45 @@ def test_web_config_excludes_the_older_flags(web_config: Path) -> None:
                              "--basic-auth-file", "/etc/hostname"], capture_output=True, text=True, timeout=30)
     assert result.returncode == 2 and result.stderr.count("\n") == 1
     assert "--web.config.file replaces" in result.stderr
+
+
+# --- the streaming hook (server-sent events and other long-lived responses) ------------------------------------------
+
+
+def test_streams_have_their_own_limit_and_end_on_close() -> None:
+    """Long-lived responses take stream slots, never the ones scrapes need; close() ends them promptly."""
+    from ccscope.web.server import HttpServer, Response, Route, Stream
+
+    def events(request):
+        def chunks():
+            number = 0
+            while not request.stopping.wait(0.05):
+                number += 1
+                yield f"data: {number}\n\n".encode()
+        return Stream(chunks())
+
+    limits = Limits(max_connections=16, max_streams=2)
+    routes = {"/events": Route(events, stream=True), "/ok": Route(lambda _request: Response(200, b"ok\n"))}
+    server = HttpServer("127.0.0.1", 0, routes, limits=limits)
+    streams: list[socket.socket] = []
+    try:
+        for _ in range(limits.max_streams):
+            sock = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+            sock.sendall(b"GET /events HTTP/1.1\r\nHost: x\r\n\r\n")
+            head = sock.recv(4096)
+            assert head.startswith(b"HTTP/1.1 200") and b"text/event-stream" in head, head
+            streams.append(sock)
+        assert status_of(exchange(server.port, b"GET /events HTTP/1.1\r\n\r\n")) == 503
+        for _ in range(3):  # the streams keep flowing, and plain requests are served beside them
+            assert status_of(exchange(server.port, b"GET /ok HTTP/1.1\r\nConnection: close\r\n\r\n")) == 200
+        assert all(b"data: " in sock.recv(4096) for sock in streams)
+        started = time.monotonic()
+    finally:
+        server.close()
+    try:
+        ends = [closed_by_server(sock, time.monotonic() + 5) for sock in streams]
+        assert all(end is not None for end in ends), "a stream outlived close()"
+        assert time.monotonic() - started < 5
+    finally:
+        for sock in streams:
+            sock.close()
