@@ -8,6 +8,7 @@ credentials come from an exporter-toolkit web config file (bcrypt users, TLS, cl
 from __future__ import annotations
 
 import contextlib
+import os
 import select
 import socket
 import ssl
@@ -291,48 +292,44 @@ def test_deprecated_basic_auth_file_still_works(tmp_path: Path) -> None:
         assert running.get("/metrics", "prometheus", "nope")[0] == 401
 
 
+WEB = "--web.config.file"
+BASIC = "--basic-auth-file"
 
-@pytest.mark.parametrize("content, needle", [
-    (b"basic_auth_users:\n  bob: '\xff\xfe'\n", "not UTF-8"),
-    (b"basic_auth_users: [unclosed\n", "not valid YAML"),
-    (b"- a list\n", "must be a mapping"),
-    (b"basic_auth_user:\n  bob: x\n", "unknown field basic_auth_user"),
-    (b"basic_auth_users:\n  bob: 5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8\n",
+
+@pytest.mark.parametrize("flag, content, needle", [
+    (WEB, b"basic_auth_users:\n  bob: '\xff\xfe'\n", "not UTF-8"),
+    (WEB, b"basic_auth_users: [unclosed\n", "not valid YAML"),
+    (WEB, b"- a list\n", "must be a mapping"),
+    (WEB, b"basic_auth_user:\n  bob: x\n", "unknown field basic_auth_user"),
+    (WEB, b"basic_auth_users:\n  bob: 5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8\n",
      "basic_auth_users.bob is not a bcrypt hash"),
-    (b"tls_server_config:\n  cert_file: /nonexistent.crt\n  key_file: /nonexistent.key\n",
+    (WEB, b"tls_server_config:\n  cert_file: /nonexistent.crt\n  key_file: /nonexistent.key\n",
      "cannot load the TLS certificate/key"),
-    (b"tls_server_config:\n  cert_file: server.crt\n", "tls_server_config.key_file"),
-    (b"tls_server_config:\n  cert_file: a\n  key_file: b\n  min_version: TLS14\n", "min_version 'TLS14'"),
-    (b"tls_server_config:\n  cert_file: a\n  key_file: b\n  client_auth_type: RequireAnyClientCert\n",
+    (WEB, b"tls_server_config:\n  cert_file: server.crt\n", "tls_server_config.key_file"),
+    (WEB, b"tls_server_config:\n  cert_file: a\n  key_file: b\n  min_version: TLS14\n", "min_version 'TLS14'"),
+    (WEB, b"tls_server_config:\n  cert_file: a\n  key_file: b\n  client_auth_type: RequireAnyClientCert\n",
      "client_auth_type 'RequireAnyClientCert'"),
-    (b"tls_server_config:\n  cert_file: a\n  key_file: b\n  cipher_suites: [TLS_AES_128_GCM_SHA256]\n",
+    (WEB, b"tls_server_config:\n  cert_file: a\n  key_file: b\n  cipher_suites: [TLS_AES_128_GCM_SHA256]\n",
      "cipher_suites is not supported"),
-    (b"rate_limit:\n  interval: 1s\n  burst: 5\n", "rate_limit is not supported"),
+    (WEB, b"rate_limit:\n  interval: 1s\n  burst: 5\n", "rate_limit is not supported"),
+    (BASIC, b"bob:\xff\xfe\n", "not UTF-8"),
+    (BASIC, b"bob:abc\n", "expected user:sha256hex"),
+    (BASIC, b"# nobody\n", "no users"),
+    (WEB, None, "not a regular file"),  # a FIFO: refused, not waited on
 ])
-def test_bad_web_config_is_one_line(tmp_path: Path, content: bytes, needle: str) -> None:
-    path = tmp_path / "web-config.yml"
-    path.write_bytes(content)
-    result = subprocess.run([sys.executable, "-m", "ccscope.cli", "daemon", "--web.config.file", str(path)],
+def test_bad_credentials_file_is_one_line(tmp_path: Path, flag: str, content: bytes | None, needle: str) -> None:
+    path = tmp_path / "credentials"
+    if content is None:
+        os.mkfifo(path)
+    else:
+        path.write_bytes(content)
+    result = subprocess.run([sys.executable, "-m", "ccscope.cli", "daemon", flag, str(path)],
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
     lines = result.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("ccscope: error: --web.config.file"), result.stderr
+    assert len(lines) == 1 and lines[0].startswith(f"ccscope: error: {flag}"), result.stderr
     assert needle in lines[0], lines[0]
-
-
-@pytest.mark.parametrize("content, needle", [
-    (b"bob:\xff\xfe\n", "not UTF-8"),
-    (b"bob:abc\n", "expected user:sha256hex"),
-    (b"# nobody\n", "no users"),
-])
-def test_bad_basic_auth_file_is_one_line(tmp_path: Path, content: bytes, needle: str) -> None:
-    path = tmp_path / "users"
-    path.write_bytes(content)
-    result = subprocess.run([sys.executable, "-m", "ccscope.cli", "daemon", "--basic-auth-file", str(path)],
-                            capture_output=True, text=True, timeout=30)
-    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
-    assert len(result.stderr.splitlines()) == 1 and needle in result.stderr, result.stderr
 
 
 def test_web_config_excludes_the_older_flags(web_config: Path) -> None:

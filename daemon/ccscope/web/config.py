@@ -16,8 +16,10 @@ import base64
 import binascii
 import hashlib
 import hmac
+import os
 import re
 import ssl
+import stat
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -138,7 +140,10 @@ def bcrypt_auth(users: dict[str, bytes]) -> BasicAuth:
 
 def _read_text(path: Path, flag: str) -> str:
     try:
-        with path.open("rb") as fh:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # O_NONBLOCK: a FIFO must not hang us
+        with os.fdopen(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise UsageError(f"{flag} {path}: not a regular file")
             data = fh.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise UsageError(f"{flag} {path}: {exc.strerror}") from None
