@@ -8,8 +8,7 @@ in bursts, each scrape on a fresh connection (for TLS: a full handshake each tim
 connections alive). The baseline is one scraper alone, measured in the same run. A third case keeps
 20 idle and 10 slowloris connections open during the bursts. Writes bench/results/endpoint.md.
 
-To measure another tree (e.g. the code before a change), run with PYTHONPATH=/that/tree/daemon: the
-daemon is started with this interpreter and inherits it.
+curl gives up on a scrape after 10 s (Prometheus's default scrape_timeout); that counts as a failure.
 """
 
 from __future__ import annotations
@@ -48,7 +47,7 @@ def burst(port: int, cafile: str | None, scrapers: int) -> tuple[list[float], li
     client side costs little next to the server (Python scraper threads would measure their own GIL)."""
     scheme = "https" if cafile else "http"
     cmd = ["curl", "-sS", "--no-progress-meter", "--parallel", "--parallel-immediate", "--parallel-max",
-           str(scrapers), "--compressed", "--max-time", "30", "-w", "%{http_code} %{time_total}\n",
+           str(scrapers), "--compressed", "--max-time", "10", "-w", "%{http_code} %{time_total}\n",
            *(("--cacert", cafile) if cafile else ())]
     for _ in range(scrapers):
         cmd += ["-o", "/dev/null", f"{scheme}://127.0.0.1:{port}/metrics"]
@@ -60,7 +59,8 @@ def burst(port: int, cafile: str | None, scrapers: int) -> tuple[list[float], li
             latencies.append(float(seconds))
         else:
             errors.append(f"HTTP {code}")
-    errors += [line for line in out.stderr.splitlines() if line.strip()]
+    missing = scrapers - len(latencies) - len(errors)  # curl itself failed before reporting these
+    errors += [out.stderr.strip().splitlines()[0] if out.stderr.strip() else "curl failed"] * max(0, missing)
     return latencies, errors
 
 
