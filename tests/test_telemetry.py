@@ -438,7 +438,7 @@ def test_flows_started_counts_each_flow_once(link: Link) -> None:
         if listener:
             listener.close()
     assert opened == 2 * connections  # each connection: one active and one passive open, one socket each
-    assert evictions >= rounds * (opened - 64) * 0.9, evictions  # the map really did churn
+    assert evictions >= opened, evictions  # the map really did churn: every socket went in and out (at least)
     # A host-wide counter: other reno flows of this machine in the same second count too (few: the host default is
     # another algorithm), hence a bound, not equality. The defect counted each of our sockets once per round (~4x).
     assert opened <= started <= opened * 1.5, (started, opened)
