@@ -7,6 +7,7 @@ import gc
 import json
 import os
 import signal
+import ssl
 import sys
 import threading
 import time
@@ -22,8 +23,10 @@ from .errors import CcscopeError, UsageError
 from .exporter import FlowCollector
 from .flows import FlowFilter, FlowRecord, FlowSelection, FlowTable, monotonic_ns, record_fields, with_derived
 from .loader import ProbeOptions, TelemetryProbe
-from .server import MetricsServer, load_basic_auth
+from .server import MetricsServer
 from .units import DEFAULT_LISTEN, parse_duration, parse_listen
+from .web import config as webconfig
+from .web.server import Authenticator, Limits
 
 SORT_KEYS: dict[str, Callable[[FlowRecord], float]] = {
     "bytes": lambda f: f.bytes_total,
@@ -84,15 +87,37 @@ def _add_probe_flags(parser: argparse.ArgumentParser) -> None:
 # --- daemon ----------------------------------------------------------------------------------------
 
 
+def _endpoint_security(args: argparse.Namespace) -> tuple[ssl.SSLContext | None, Authenticator | None,
+                                                         list[tuple[str, str]]]:
+    """TLS context, authenticator and extra response headers from --web.config.file or the older flags."""
+    if args.web_config_file and (args.tls_cert or args.tls_key or args.basic_auth_file):
+        raise UsageError("--web.config.file replaces --tls-cert/--tls-key/--basic-auth-file: use one or the other")
+    if args.web_config_file:
+        path = Path(args.web_config_file)
+        config = webconfig.load_web_config(path)
+        tls = config.tls.context(f"{webconfig.FLAG} {path}") if config.tls else None
+        return tls, webconfig.bcrypt_auth(config.users) if config.users else None, config.headers
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise UsageError("--tls-cert and --tls-key go together")
+    tls = None
+    if args.tls_cert:
+        tls = webconfig.TlsConfig(Path(args.tls_cert), Path(args.tls_key)).context("--tls-cert/--tls-key")
+    auth = None
+    if args.basic_auth_file:
+        auth = webconfig.load_basic_auth_file(Path(args.basic_auth_file))
+        print("ccscope: warning: --basic-auth-file (unsalted SHA-256) is deprecated; move to --web.config.file "
+              "with bcrypt hashes (see README, \"Security defaults\")", file=sys.stderr, flush=True)
+    return tls, auth, []
+
+
 def cmd_daemon(args: argparse.Namespace) -> int:
     host, port = parse_listen(args.listen)
     selection = FlowSelection.parse(args.flows)
     flow_filter = _filter(args)
     grace = parse_duration(args.grace, "--grace", 0.0, 3600.0)
-    if bool(args.tls_cert) != bool(args.tls_key):
-        raise UsageError("--tls-cert and --tls-key go together")
-    tls = (Path(args.tls_cert), Path(args.tls_key)) if args.tls_cert else None
-    users = load_basic_auth(Path(args.basic_auth_file)) if args.basic_auth_file else None
+    if not 1 <= args.max_connections <= 10_000:
+        raise UsageError(f"--max-connections {args.max_connections} is out of range 1..10000")
+    tls, auth, headers = _endpoint_security(args)
     options = _probe_options(args, emit_samples=False)
     stop = _stop_event()
     with TelemetryProbe(options) as probe:
@@ -100,13 +125,20 @@ def cmd_daemon(args: argparse.Namespace) -> int:
         collector = FlowCollector(table, selection, flow_filter)
         registry = CollectorRegistry()
         registry.register(collector)
-        server = MetricsServer(registry, host, port, tls=tls, basic_auth=users)
+        limits = Limits(max_connections=args.max_connections)
+        server = MetricsServer(registry, host, port, tls=tls, auth=auth, limits=limits, extra_headers=headers)
         scheme = "https" if tls else "http"
         print(f"ccscope {__version__}: serving {scheme}://{args.listen}/metrics "
               f"(flows {args.flows}); Ctrl-C to stop", file=sys.stderr, flush=True)
+        expire_every = max(0.5, min(grace / 2, 5.0))
+        next_expiry = time.monotonic() + expire_every
         try:
-            while not stop.wait(max(0.5, min(grace / 2, 5.0))):
-                table.scan()  # expires closed flows even when nobody scrapes
+            # Short waits: a signal handler cannot cut an Event.wait short (PEP 475 resumes it), so a long wait
+            # would delay the exit on SIGTERM by up to its whole length.
+            while not stop.wait(0.2):
+                if time.monotonic() >= next_expiry:
+                    table.scan()  # expires closed flows even when nobody scrapes
+                    next_expiry = time.monotonic() + expire_every
         finally:
             server.close()
     print("ccscope: detached", file=sys.stderr)
@@ -289,9 +321,13 @@ def build_parser() -> argparse.ArgumentParser:
     daemon.add_argument("--flows", default="top:50",
                         help="per-flow series for top:N flows by bytes, all, or none (default top:50)")
     daemon.add_argument("--grace", default="10s", help="keep closed flows' series this long (default 10s)")
+    daemon.add_argument("--web.config.file", dest="web_config_file", metavar="FILE",
+                        help="TLS and basic auth (bcrypt) from a Prometheus exporter-toolkit web config file")
     daemon.add_argument("--tls-cert", help="serve HTTPS with this certificate (PEM)")
     daemon.add_argument("--tls-key", help="private key for --tls-cert (PEM)")
-    daemon.add_argument("--basic-auth-file", help="require basic auth; file of user:sha256(password) lines")
+    daemon.add_argument("--basic-auth-file", help="deprecated: user:sha256(password) lines; use --web.config.file")
+    daemon.add_argument("--max-connections", type=int, default=Limits.max_connections,
+                        help=f"open client connections served at once (default {Limits.max_connections})")
     _add_probe_flags(daemon)
     _add_filters(daemon)
     daemon.set_defaults(func=cmd_daemon)
