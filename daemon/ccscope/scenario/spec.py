@@ -15,9 +15,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from ccscope.emulation.profile import PathProfile, parse_duration
+from ccscope import safe_input
+from ccscope.emulation.profile import PathProfile, check_text, parse_duration
 from ccscope.errors import UsageError
 
 TOP_KEYS = ("name", "description", "algorithms", "optional_algorithms", "duration", "warmup", "runs", "seed",
@@ -122,23 +121,14 @@ def resolve(name_or_path: str) -> Path:
 def load(path: Path, *, quick: bool = False, duration: str | None = None, runs: int | None = None,
          algorithms: str | None = None) -> Scenario:
     """Read, merge the `quick:` overlay and command-line overrides, validate."""
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot read: {exc.strerror}") from None
+    text = safe_input.read_text(path, "a scenario file")
     data = parse_yaml(text, path.name)
     return from_dict(data, path.name, source=str(path), quick=quick, duration=duration, runs=runs,
                      algorithms=algorithms)
 
 
 def parse_yaml(text: str, where: str) -> dict:
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        line = f"line {mark.line + 1}: " if mark is not None else ""
-        raise UsageError(f"{where}: {line}not valid YAML: {problem}") from None
+    data = safe_input.load_yaml(text, where)
     if not isinstance(data, dict):
         raise UsageError(f"{where}: expected a mapping of {', '.join(TOP_KEYS[:4])}, ... at the top, "
                          f"got {type(data).__name__}")
@@ -203,9 +193,7 @@ def _build(data: dict, where: str, source: str) -> Scenario:
     name = data.get("name", Path(source).stem if source else "scenario")
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", name):
         raise UsageError(f"{where}: name: {name!r} must be letters, digits, '-', '_' or '.' (at most 64)")
-    description = data.get("description", "")
-    if not isinstance(description, str):
-        raise UsageError(f"{where}: description: expected text, got {description!r}")
+    description = check_text(data.get("description", ""), f"{where}: description")
     algorithms = _algorithms(data.get("algorithms"), where)
     optional = data.get("optional_algorithms", []) or []
     if not isinstance(optional, list) or not all(isinstance(a, str) for a in optional):
