@@ -98,6 +98,13 @@ def test_parse_duration_rejects(text: str) -> None:
         parse_duration("--x", text)
 
 
+def test_parse_duration_range_ends_are_exact_in_any_unit() -> None:
+    # 100 * 1e-6 is 9.999999999999999e-05 in floating point: 100us used to be "out of range (0.1ms to 10s)"
+    for text in ("100us", "100µs", "0.1ms", "0.0001"):
+        assert parse_duration("--sample-interval", text, 0.0001, 10.0) == 0.0001
+    assert parse_duration("--x", "10000ms", 0.0, 10.0) == 10.0
+
+
 def test_parse_duration_range() -> None:
     with pytest.raises(UsageError, match="out of range"):
         parse_duration("--sample-interval", "20s", 0.0001, 10.0)

@@ -6,7 +6,7 @@ import re
 
 from .errors import UsageError
 
-_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(us|µs|ms|s|m|h)?\s*$")
+_DURATION = re.compile(r"^\s*(-?)([0-9]*\.?[0-9]+)\s*(us|µs|ms|s|m|h)?\s*$")
 _SECONDS = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 
 
@@ -15,7 +15,10 @@ def parse_duration(flag: str, text: str, minimum: float = 0.0, maximum: float = 
     match = _DURATION.match(text)
     if not match:
         raise UsageError(f"{flag} {text!r} is not a duration like 10ms, 2s or 1m")
-    seconds = float(match.group(1)) * _SECONDS[match.group(2)]
+    if match.group(1):
+        raise UsageError(f"{flag} {text.strip()}: a duration must be positive (like 10ms, 2s or 1m)")
+    # Rounded to the nanosecond: 100us is 1e-4 s exactly, as 0.1ms is (100 * 1e-6 is not).
+    seconds = round(float(match.group(2)) * _SECONDS[match.group(3)], 9)
     if not minimum <= seconds <= maximum:
         raise UsageError(f"{flag} {text} is out of range ({_fmt(minimum)} to {_fmt(maximum)})")
     return seconds

@@ -94,18 +94,52 @@ def default_out(scenario: Scenario) -> Path:
     return Path("results") / f"{scenario.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
+def check_out_dir(out: Path) -> None:
+    """The results directory must be new or empty, and creatable: checked before anything is created."""
+    if out.exists():
+        if not out.is_dir():
+            raise UsageError(f"--out {out}: exists and is not a directory")
+        if any(out.iterdir()):
+            raise UsageError(f"--out {out}: directory exists and is not empty")
+        base = out
+    else:
+        base = next(p for p in out.absolute().parents if p.exists())
+        if not base.is_dir():
+            raise UsageError(f"--out {out}: {base} is not a directory")
+    if not os.access(base, os.W_OK | os.X_OK):
+        why = "read-only" if _read_only(base) else "no permission"
+        raise UsageError(f"--out {out}: cannot write in {base} ({why})")
+
+
+def _read_only(path: Path) -> bool:
+    return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+
+
+def make_out_dir(out: Path) -> None:
+    """Creates the results directory; on failure removes what it created and says why in one line."""
+    missing = [p for p in (out, *out.parents) if not p.exists()][::-1]
+    try:
+        for path in missing:
+            path.mkdir()
+        (out / "flows").mkdir(exist_ok=True)
+    except OSError as exc:
+        for path in reversed(missing):
+            with contextlib.suppress(OSError):
+                path.rmdir()
+        raise UsageError(f"--out {out}: cannot create {exc.filename}: {exc.strerror}") from None
+
+
 def run(scenario: Scenario, options: Options) -> tuple[Path, dict]:
     check_prerequisites()
     scenario, skipped = select_algorithms(scenario, options.skip_unavailable)
     from ccscope.emulation.testbed import Testbed  # noqa: F401  (fail before creating anything)
 
     out = options.out or default_out(scenario)
-    if out.exists() and any(out.iterdir()):
-        raise UsageError(f"--out {out}: directory exists and is not empty")
+    check_out_dir(out)
     units = plan(scenario)
+    make_out_dir(out)
     for name in skipped:
         print(f"ccscope: {name} is not available in this kernel; running without it", file=sys.stderr)
-    (out / "flows").mkdir(parents=True, exist_ok=True)
     doc = results.new_document(scenario, units, skipped, options.quick)
     with _telemetry(scenario, options) as (recorder, collector, endpoint):
         if endpoint:

@@ -18,6 +18,7 @@ from typing import Any
 from ccscope import safe_input
 from ccscope.emulation.profile import PathProfile, check_text, parse_duration
 from ccscope.errors import UsageError
+from ccscope.units import parse_duration as parse_cli_duration
 
 TOP_KEYS = ("name", "description", "algorithms", "optional_algorithms", "duration", "warmup", "runs", "seed",
             "sample_interval", "profiles", "traffic", "quick")
@@ -146,16 +147,27 @@ def from_dict(data: dict, where: str, *, source: str = "", quick: bool = False, 
         _known(overlay, tuple(k for k in TOP_KEYS if k not in ("quick", "name")), where, "quick")
         data = _merge_quick(data, overlay, where)
     if duration is not None:
-        data["duration"] = duration
+        data["duration"] = parse_cli_duration("--duration", duration, 1.0, MAX_DURATION_S)
     if runs is not None:
         data["runs"] = runs
     if algorithms is not None:
-        names = [a.strip() for a in algorithms.split(",") if a.strip()]
-        if not names:
-            raise UsageError("--algorithms: give a comma-separated list such as reno,cubic,bbr")
-        data["algorithms"] = names
+        data["algorithms"] = _algorithms_flag(algorithms)
         data["optional_algorithms"] = []
     return _build(data, where, source)
+
+
+def _algorithms_flag(text: str) -> list[str]:
+    """--algorithms cubic,bbr: every name between the commas must be one, each once."""
+    names = [a.strip() for a in text.split(",")]
+    if not any(names):
+        raise UsageError("--algorithms: give a comma-separated list such as reno,cubic,bbr")
+    if "" in names:
+        raise UsageError(f"--algorithms {text!r}: an empty name between commas (e.g. cubic,bbr)")
+    for name in names:
+        _check_alg(name, f"--algorithms {text!r}")
+        if names.count(name) > 1:
+            raise UsageError(f"--algorithms {text!r}: {name} is listed twice")
+    return names
 
 
 def _merge_quick(data: dict, overlay: dict, where: str) -> dict:
@@ -348,7 +360,7 @@ def _seconds(raw: Any, where: str, low: float, high: float) -> float:
             raise UsageError(f"{where}: {raw!r} is not a duration (examples: 100ms, 20s, 2min)")
         value = float(m.group(1)) * 60
     else:
-        value = _plain_seconds(raw, where)
+        value = round(_plain_seconds(raw, where), 9)  # 10000us is 0.01 s exactly, as 10ms is
     if not low <= value <= high:
         raise UsageError(f"{where}: {raw!r} is out of range ({_fmt(low)} to {_fmt(high)})")
     return value
