@@ -148,6 +148,18 @@ def test_cli_bad_file_is_one_line_exit_2_nothing_created(ccscope_cmd, tmp_path):
     assert "--runs 0 is out of range" in _one_error_line(res)
 
 
+def test_scenario_path_that_is_no_file_is_one_line(ccscope_cmd, tmp_path):
+    os.mkfifo(tmp_path / "fifo.yaml")  # before: would block reading
+    (tmp_path / "dir.yaml").mkdir()
+    for args, needle in ((["run", str(tmp_path / "fifo.yaml")], "fifo.yaml: not a scenario file (not a regular"),
+                         ([str(tmp_path / "dir.yaml")], "dir.yaml: not a scenario file (a directory)"),
+                         (["x" * 5000], "is neither a built-in scenario"),  # before: OSError traceback
+                         (["run", "x" * 5000 + ".yaml"], "cannot read the scenario file: File name too long")):
+        res = _cli(ccscope_cmd, "scenario", *args)
+        assert res.returncode == 2
+        assert needle in _one_error_line(res)
+
+
 def test_sub_second_units_are_exact_at_the_range_ends():
     ping = {"bulk": {"flows": 1}, "ping": {"interval": "10000us"}}
     assert spec.from_dict(_with("traffic", ping), "x.yaml").traffic.ping_interval_s == 0.01

@@ -96,6 +96,12 @@ def default_out(scenario: Scenario) -> Path:
 
 def check_out_dir(out: Path) -> None:
     """The results directory must be new or empty, and creatable: checked before anything is created."""
+    try:
+        out.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        pass  # named below, with the part of the path that is in the way
+    except OSError as exc:  # a name too long, a loop of symlinks, a file where a directory should be
+        raise UsageError(f"--out {out}: {exc.strerror}") from None
     if out.exists():
         if not out.is_dir():
             raise UsageError(f"--out {out}: exists and is not a directory")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import math
 import re
+import stat
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
@@ -108,12 +109,31 @@ def resolve(name_or_path: str) -> Path:
     if name_or_path in builtins:
         return builtins[name_or_path]
     path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml") or path.exists():
-        if not path.is_file():
-            raise UsageError(f"{name_or_path}: no such scenario file")
+    if path.suffix in (".yaml", ".yml") or _exists(path):
+        check_file(path)
         return path
     known = ", ".join(builtins) or "none installed"
     raise UsageError(f"{name_or_path!r} is neither a built-in scenario ({known}) nor a YAML file")
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except OSError:  # ENAMETOOLONG and the like: not a file we could read
+        return False
+
+
+def check_file(path: Path) -> None:
+    """A scenario file must be an existing regular file (not a directory, FIFO or device)."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such scenario file") from None
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read the scenario file: {exc.strerror}") from None
+    if not stat.S_ISREG(mode):
+        kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+        raise UsageError(f"{path}: not a scenario file ({kind})")
 
 
 # --- loading ----------------------------------------------------------------------------------------
