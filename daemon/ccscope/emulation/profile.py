@@ -235,9 +235,14 @@ class QueueSize:
         return f"{self.bdp:g}bdp"
 
 
+def trace_stamps_ms(path: Path) -> list[int]:
+    """The delivery opportunities of a Mahimahi trace (checked by _check_trace), in ms."""
+    return [int(x) for x in read_text(path, "a Mahimahi trace", MAX_TRACE_BYTES).split()]
+
+
 def trace_mean_rate_bps(path: Path) -> float:
     """Mean delivery rate of a Mahimahi trace (1500 bytes per opportunity over the looping period)."""
-    stamps = [int(x) for x in read_text(path, "a Mahimahi trace", MAX_TRACE_BYTES).split()]
+    stamps = trace_stamps_ms(path)
     return len(stamps) * TRACE_OPPORTUNITY_BYTES * 8 / (stamps[-1] / 1000.0)
 
 
