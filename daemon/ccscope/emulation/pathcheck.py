@@ -11,13 +11,15 @@ than the jitter range so that "never overtake the packet ahead" cannot push them
 
 Rate. A UDP flow offered above the rate saturates the bottleneck; the shaper then holds a backlog. The
 probe waits for that backlog (the start of iperf3 costs several RTTs, and tbf's full bucket first lets
-a burst through), then samples the egress byte counter while the backlog lasts, for at least
-MIN_WINDOW_S and MIN_PACKETS frames, and fits a line: the slope is the rate. At low rates the frames
+a burst through), then samples the egress byte counter while the backlog lasts without a break, for at
+least MIN_WINDOW_S and MIN_PACKETS frames and until the timing of the readings leaves the rate within
+MAX_UNCERTAINTY (a busy machine reads slowly: the window grows, up to a bound). At low rates the frames
 are smaller, so a window still spans many of them.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from dataclasses import dataclass
@@ -32,7 +34,7 @@ MIN_PROBE_FRAME = 100
 MIN_WINDOW_S = 1.0
 MIN_PACKETS = 40
 FRAME_TIME_S = 0.02  # below full-size frames, probe frames take this long at the link rate
-OFFERED_FACTOR = 1.25  # UDP offered above the rate, so the bottleneck holds a queue
+OFFERED_FACTOR = 1.5  # UDP offered above the rate: the bottleneck queue builds within a few frames
 RTT_TOLERANCE = (0.02, 0.0005)  # relative, absolute: ok when |measured - expected| <= rel*expected + abs
 RATE_TOLERANCE = 0.03
 MEDIAN_SIGMAS = 4.0  # jitter's share of the RTT tolerance, in standard deviations of the median
@@ -144,22 +146,51 @@ def rate_plan(profile: PathProfile) -> RatePlan | None:
 
 @dataclass(frozen=True)
 class Sample:
-    t: float
+    t0: float  # the counters were read between t0 and t1 (a netlink round trip; long on a busy machine)
+    t1: float
     tx_bytes: int
     backlog: int | None  # bytes in the kernel shaper; None when the link has none (trace link)
 
 
-def saturated_rate(samples: list[Sample], window_s: float) -> tuple[float, float] | None:
-    """(rate bit/s, seconds) fitted over the longest run of samples during which the shaper had a backlog;
-    None when that run is shorter than window_s."""
+@dataclass(frozen=True)
+class Fit:
+    rate_bps: float
+    seconds: float
+    uncertainty: float  # relative: how far the rate could be off from when the counter readings were taken
+
+
+MAX_UNCERTAINTY = 0.01
+EDGE_CHOICES = 10
+
+
+def saturated_rate(samples: list[Sample], window_s: float) -> Fit | None:
+    """The rate over the longest run of samples during which the shaper always held a backlog; None when
+    that run is shorter than window_s.
+
+    Between two readings the counter passed the second value at a moment inside [first.t0, second.t1],
+    whatever the rate (at low rates the counter is a staircase of whole frames). The rate is taken between
+    the narrowest such moment near each end of the run; their widths give its uncertainty."""
     runs: list[list[Sample]] = [[]]
     for s in samples:
         if s.backlog == 0:
             runs.append([])
         else:
             runs[-1].append(s)
-    best = max(runs, key=lambda r: r[-1].t - r[0].t if len(r) > 1 else 0.0)
-    if len(best) < 3 or best[-1].t - best[0].t < window_s:
+    best = max(runs, key=lambda r: r[-1].t1 - r[0].t0 if len(r) > 1 else 0.0)
+    edges = [(a.t0, b.t1, b.tx_bytes) for a, b in itertools.pairwise(best) if b.tx_bytes != a.tx_bytes]
+    if len(edges) < 2 or best[-1].t1 - best[0].t0 < window_s:
         return None
-    slope, _ = statistics.linear_regression([s.t for s in best], [float(s.tx_bytes) for s in best])
-    return slope * 8, best[-1].t - best[0].t
+    k = min(EDGE_CHOICES, len(edges) // 2)
+    first = min(edges[:k], key=lambda e: e[1] - e[0])
+    last = min(edges[-k:], key=lambda e: e[1] - e[0])
+    span = (last[0] + last[1]) / 2 - (first[0] + first[1]) / 2
+    if span <= 0:
+        return None
+    slack = ((first[1] - first[0]) + (last[1] - last[0])) / 2
+    return Fit(rate_bps=(last[2] - first[2]) * 8 / span, seconds=span, uncertainty=slack / span)
+
+
+def start_backlog(profile: PathProfile, frame_bytes: int) -> int:
+    """Backlog (bytes) that shows the probe has saturated the up shaper: a few frames, within the queue."""
+    queue = profile.up.queue_bytes(profile.base_rtt_s) or frame_bytes
+    return max(1, min(3 * frame_bytes, queue // 2))

@@ -343,14 +343,17 @@ class Testbed:
                                                  "-l", str(payload), "-b", str(payload_bps),
                                                  "-t", str(math.ceil(startup + 3 * seconds + 2))],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            busy = pathcheck.start_backlog(self.profile, frame_bytes)
             samples = in_netns(self.router_ns, lambda ipr: _egress_samples(ipr, client, startup, seconds,
-                                                                           frame_bytes))
-            fitted = pathcheck.saturated_rate(samples, seconds)
-            if fitted is None:
+                                                                           frame_bytes, busy))
+            fit = pathcheck.saturated_rate(samples, seconds)
+            if fit is None:
                 err = client.stderr.read().strip() if client.poll() is not None and client.stderr else ""
                 raise CcscopeError(f"the UDP rate probe did not keep the link busy for {seconds:g} s"
                                    + (f": iperf3: {err.splitlines()[-1]}" if err else ""))
-            return fitted[0]
+            if fit.uncertainty > 2 * pathcheck.MAX_UNCERTAINTY:
+                raise CcscopeError(f"the machine is too busy to time the rate probe (±{fit.uncertainty:.0%})")
+            return fit.rate_bps
         finally:
             if client is not None:
                 _terminate(client)
@@ -389,9 +392,10 @@ def _mbit(bps: float) -> str:
 
 
 def _egress_samples(ipr: IPRoute, client: subprocess.Popen, startup_s: float, window_s: float,
-                    frame_bytes: int) -> list[pathcheck.Sample]:
-    """Samples the up egress (bytes sent, shaper backlog) from when the bottleneck first holds a backlog
-    until it has held one for window_s without a break, or the time bounds run out."""
+                    frame_bytes: int, busy_bytes: int) -> list[pathcheck.Sample]:
+    """Samples the up egress (bytes sent, shaper backlog) from when the bottleneck first holds busy_bytes
+    until it has held a backlog for window_s without a break and the rate is timed precisely enough, or
+    the time bounds run out."""
     idx = _ifindex(ipr, "veth-rr")
     first: int | None = None
     started: float | None = None
@@ -402,23 +406,24 @@ def _egress_samples(ipr: IPRoute, client: subprocess.Popen, startup_s: float, wi
         t0 = time.monotonic()
         tx = (ipr.get_links(idx)[0].get_attr("IFLA_STATS64") or {}).get("tx_bytes", 0)
         shaper = backends.qdisc_stats_by_handle(ipr, idx).get(backends.SHAPER_HANDLE)
-        t = (t0 + time.monotonic()) / 2
+        t1 = time.monotonic()
         backlog = None if shaper is None else shaper["backlog"]
         first = tx if first is None else first
         if started is None:
             # without a kernel shaper (a trace link) the delay line queues; a few frames through means busy
-            busy = backlog > 0 if backlog is not None else tx - first >= 20 * frame_bytes
+            busy = backlog >= busy_bytes if backlog is not None else tx - first >= 20 * frame_bytes
             if busy:
-                started, give_up = t, t + 3 * window_s + 1
-            elif t > give_up:
+                started, give_up = t1, t1 + 4 * window_s + 2
+            elif t1 > give_up:
                 break
         if started is not None:
-            samples.append(pathcheck.Sample(t, tx, backlog))
-            if backlog == 0:
-                busy_since = None
-            elif busy_since is None:
-                busy_since = t
-            if (busy_since is not None and t - busy_since >= window_s) or t > give_up:
+            samples.append(pathcheck.Sample(t0, t1, tx, backlog))
+            busy_since = None if backlog == 0 else busy_since if busy_since is not None else t1
+            if busy_since is not None and t1 - busy_since >= window_s and len(samples) % 10 == 0:
+                fit = pathcheck.saturated_rate(samples, window_s)
+                if fit is not None and fit.uncertainty <= pathcheck.MAX_UNCERTAINTY:
+                    break
+            if t1 > give_up:
                 break
         time.sleep(0.005)
     return samples
