@@ -126,3 +126,14 @@ def test_error_lines_quoting_huge_values_stay_short():
     line = info.value.line()
     assert len(line) <= 400 and line.startswith("x.yaml: algorithms: expected a non-empty list")
     assert "\n" not in UsageError("a\nb\r\nc").line()
+
+
+def test_found_by_the_fuzzer(tmp_path):
+    # a NUL byte: PyYAML's reader refused it before the loader's error handling (ReaderError traceback)
+    assert "not valid YAML: unacceptable character #x0000" in refused(tmp_path, HEAD + "x: a\x00b\n")
+    # quick.profiles naming profiles of a `profiles` that is no mapping (TypeError traceback)
+    text = HEAD.replace("profiles: {a: {rate: 1mbit, delay: 5ms}}", "profiles: 1") + "quick: {profiles: [a]}\n"
+    path = tmp_path / "q.yaml"
+    path.write_text(text)
+    with pytest.raises(UsageError, match="profiles: expected a mapping"):
+        spec.load(path, quick=True)

@@ -89,8 +89,9 @@ def load_yaml(text: str, where: str) -> Any:
     """Parses one YAML document; every problem is a UsageError naming `where` and the line."""
     if len(text.encode("utf-8", "surrogatepass")) > MAX_FILE_BYTES:
         raise UsageError(f"{where}: larger than {_size(MAX_FILE_BYTES)}, too large for a YAML document")
-    loader = LimitedLoader(text)
+    loader = None
     try:
+        loader = LimitedLoader(text)  # the reader already refuses control characters here
         return loader.get_single_data()
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
@@ -102,4 +103,5 @@ def load_yaml(text: str, where: str) -> Any:
     except RecursionError:  # a backstop: MAX_DEPTH stops nesting long before this
         raise UsageError(f"{where}: not valid YAML: nested too deeply") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()

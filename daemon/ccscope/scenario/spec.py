@@ -194,8 +194,10 @@ def _merge_quick(data: dict, overlay: dict, where: str) -> dict:
     for key, value in overlay.items():
         if key == "profiles" and isinstance(value, list):  # a subset of the profiles, by name
             profiles = data.get("profiles") or {}
+            if not isinstance(profiles, dict):
+                raise UsageError(f"{where}: profiles: expected a mapping of profile names to links, got {profiles!r}")
             for name in value:
-                if name not in profiles:
+                if not isinstance(name, str) or name not in profiles:
                     raise UsageError(f"{where}: quick.profiles: {name!r} is not one of the profiles "
                                      f"({', '.join(profiles)})")
             data["profiles"] = {name: profiles[name] for name in value}
