@@ -203,7 +203,7 @@ def _no_real_work():
 
     with mock.patch.object(cli, "_stop_event", reached), mock.patch.object(cli, "cmd_check", reached), \
             mock.patch.object(runner, "check_prerequisites", lambda: None), \
-            mock.patch.object(runner, "make_out_dir", reached):
+            mock.patch.object(runner, "_open", reached):
         yield
 
 

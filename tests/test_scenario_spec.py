@@ -12,7 +12,7 @@ import pytest
 import yaml
 from ccscope.errors import UsageError
 from ccscope.scenario import spec
-from emulation_helpers import left_by
+from emulation_helpers import foreign_live_namespaces, left_by
 from prereqs import require, require_root
 
 GOOD = {
@@ -131,6 +131,12 @@ def _one_error_line(res) -> str:
     return lines[0]
 
 
+def _namespaces() -> set[str]:
+    """ccs- namespaces, less those of other live runs (others may run scenarios beside the tests)."""
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return {line.split()[0] for line in out.splitlines() if line.startswith("ccs-")} - foreign_live_namespaces()
+
+
 def test_cli_bad_file_is_one_line_exit_2_nothing_created(ccscope_cmd, tmp_path):
     path = tmp_path / "scenario.yaml"
     path.write_text(yaml.safe_dump(_with("profiles.wireless.loss", "150%")))
@@ -169,8 +175,8 @@ def test_sub_second_units_are_exact_at_the_range_ends():
 @pytest.mark.parametrize("out, needle", [
     ("/proc/version", "--out /proc/version: exists and is not a directory"),
     ("/proc/version/results", "--out /proc/version/results: /proc/version is not a directory"),
-    ("/proc/ccscope-results", "--out /proc/ccscope-results: cannot create /proc/ccscope-results"),
-    ("/sys/ccscope/results", "--out /sys/ccscope/results: cannot create /sys/ccscope"),
+    ("/proc/ccscope-results", "--out /proc/ccscope-results: cannot create"),
+    ("/sys/ccscope/results", "--out /sys/ccscope/results: cannot create"),
     ("FILE/sub", "is not a directory"),
 ])
 def test_cli_out_that_cannot_be_a_directory_is_one_line(ccscope_cmd, tmp_path, out, needle):
@@ -216,7 +222,7 @@ def test_cli_missing_iperf3(ccscope_cmd, tmp_path):
     env = dict(os.environ, PATH=str(bindir))
     res = _cli(ccscope_cmd, "scenario", "wired-vs-wireless", "--quick", "--out", str(tmp_path / "out"), env=env)
     assert res.returncode == 3
-    assert "iperf3 not found (install it: apt-get install iperf3)" in _one_error_line(res)
+    assert "iperf3 is not installed (install it: apt-get install iperf3)" in _one_error_line(res)
     assert not (tmp_path / "out").exists()
 
 

@@ -197,7 +197,7 @@ class Testbed:
             signal.pthread_sigmask(signal.SIG_BLOCK, held)
         try:
             for proc in self._procs:
-                _terminate(proc)
+                terminate(proc)
             for ns in self.namespaces:
                 state.remove_namespace(ns)
             if self._state is not None:
@@ -239,6 +239,15 @@ class Testbed:
         self._procs.append(proc)
         return proc
 
+    def wait_listening(self, ns: str, port: int, timeout: float = 5.0) -> None:
+        """Until something listens on TCP `port` in `ns` (a server we started is ready for clients)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.run(ns, ["ss", "-Hltn", f"sport = :{port}"], timeout=5).stdout.strip():
+                return
+            time.sleep(0.02)
+        raise CcscopeError(f"nothing listens on port {port} in {ns} after {timeout:g} s")
+
     def run(self, ns: str, argv: list[str], timeout: float, **kw) -> subprocess.CompletedProcess:
         """Runs argv in `ns` to completion; kills it and raises subprocess.TimeoutExpired after timeout."""
         kw.setdefault("stdout", subprocess.PIPE)
@@ -248,7 +257,7 @@ class Testbed:
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            _terminate(proc)
+            terminate(proc)
             raise
         self._procs.remove(proc)
         return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
@@ -336,7 +345,7 @@ class Testbed:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         client = None
         try:
-            _wait_port(self, port)
+            self.wait_listening(self.receiver_ns, port)
             payload = frame_bytes - pathcheck.ETH_HEADER - pathcheck.IP_UDP_HEADERS
             payload_bps = int(offered_bps * payload / frame_bytes)  # iperf3 -b counts UDP payload
             client = self.popen(self.sender_ns, ["iperf3", "-c", self.receiver_addr, "-p", str(port), "-u",
@@ -356,8 +365,8 @@ class Testbed:
             return fit.rate_bps
         finally:
             if client is not None:
-                _terminate(client)
-            _terminate(server)
+                terminate(client)
+            terminate(server)
 
     def verify(self) -> VerifyResult:
         """Unloaded RTT (median of pings) against what the backends do on an idle path, and the up
@@ -465,25 +474,17 @@ def _configure(ipr: IPRoute, dev: str, addr: str, gw: str | None) -> None:
         ipr.route("add", dst="0.0.0.0/0", gateway=gw)
 
 
-def _terminate(proc: subprocess.Popen) -> None:
+def terminate(proc: subprocess.Popen, sig: int = signal.SIGTERM, grace_s: float = 1.0) -> None:
+    """Ends a process group started by Testbed.popen (sig, then SIGKILL after grace_s) and reaps it."""
     if proc.poll() is not None:
         return
     with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
+        os.killpg(proc.pid, sig)
     try:
-        proc.wait(timeout=1)
+        proc.wait(timeout=grace_s)
     except subprocess.TimeoutExpired:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=5)
 
 
-def _wait_port(tb: Testbed, port: int, timeout: float = 5.0) -> None:
-    """Waits until something listens on TCP `port` in the receiver namespace."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        out = sh(in_ns(tb.receiver_ns, ["ss", "-Hltn", f"sport = :{port}"]), check=False).stdout
-        if out.strip():
-            return
-        time.sleep(0.02)
-    raise CcscopeError(f"iperf3 server did not listen on port {port} within {timeout:g} s")
