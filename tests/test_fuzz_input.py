@@ -210,6 +210,8 @@ def _no_real_work():
 @SETTINGS
 @given(argv=command_lines())
 def test_command_lines_are_accepted_or_one_line(workdir, argv):
+    workdir = workdir / "cli"  # its own, empty: the other fuzz tests leave their inputs in workdir
+    workdir.mkdir(exist_ok=True)
     err = io.StringIO()
     old = os.getcwd()
     os.chdir(workdir)
