@@ -137,3 +137,12 @@ class HostSnapshot:
         new_state = {f for f in new_state if (state.state_dir() / f).exists()}
         new_state -= {f"{r.run_id}.d" for r in _foreign_live_runs()}
         assert not new_state, f"state files left behind: {sorted(new_state)}"
+
+
+def left_by(pid: int) -> list[str]:
+    """What the finished process `pid` left behind: its run-state files, their namespaces, and the scratch
+    namespace of its backend probe. Other runs on this machine are not counted."""
+    runs = [r for r in state.all_states() if r.pid == pid]
+    names = set(state.list_namespaces())
+    return ([f"state file {r.run_id}" for r in runs] + [ns for r in runs for ns in r.namespaces if ns in names]
+            + sorted(ns for ns in names if ns.startswith(f"ccs-probe-{pid}-")))

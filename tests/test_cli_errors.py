@@ -54,6 +54,18 @@ def assert_one_line_error(result: subprocess.CompletedProcess, code: int, *needl
     (["flows", "--interval", "1ms"], "--interval"),
     (["trace", "--count", "0"], "--count"),
     (["trace", "--duration", "forever"], "--duration"),
+    # negative values are refused by the flag's own check, not "expected one argument"
+    (["flows", "--interval", "-1s"], "--interval '-1s' is negative"),
+    (["trace", "--duration", "-5s"], "--duration '-5s' is negative"),
+    (["daemon", "--grace", "-0.5s"], "--grace '-0.5s' is negative"),
+    (["scenario", "fast-vs-slow", "--duration", "-5s"], "--duration '-5s' is negative"),
+    (["scenario", "fast-vs-slow", "--duration", "0"], "--duration '0' is out of range (1s to 3600s)"),
+    (["flows", "--limit", "-1"], "--limit -1 is out of range 1..1000000"),
+    (["flows", "--limit", "0"], "--limit 0 is out of range"),
+    (["scenario", "fast-vs-slow", "--algorithms", "cubic,,bbr"], "--algorithms 'cubic,,bbr': an empty name"),
+    (["scenario", "fast-vs-slow", "--algorithms", "cubic,"], "an empty name between commas"),
+    (["scenario", "fast-vs-slow", "--algorithms", "bbr,cubic,bbr"], "bbr is listed twice"),
+    (["scenario", "fast-vs-slow", "--algorithms", "TCP Cubic"], "'TCP Cubic' is not a congestion control"),
     ([], "missing COMMAND"),
     (["frobnicate"], "frobnicate"),
 ])

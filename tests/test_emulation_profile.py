@@ -69,7 +69,7 @@ def test_good_link_values(data, field, expected):
         ({"bandwidth": "10mbit"}, "profiles.wireless.bandwidth", "unknown key"),
         ({"up": {"lossy": 1}}, "profiles.wireless.up.lossy", "unknown key"),
         ({"up": "fast"}, "profiles.wireless.up", "expected a mapping"),
-        ({"rate": "10mbit", "trace": "/nonexistent.trace"}, "profiles.wireless", "cannot read trace"),
+        ({"rate": "10mbit", "trace": "/nonexistent.trace"}, "profiles.wireless", "cannot read a Mahimahi trace"),
         ({"rate": "10mbit", "isolate": "long"}, "profiles.wireless.isolate", "expected `short` or a mapping"),
         ({"rate": "10mbit", "isolate": 3}, "profiles.wireless.isolate", "expected `short` or a mapping"),
         ({"rate": "10mbit", "isolate": {"queue": "0p"}}, "profiles.wireless.isolate.queue", "not a positive"),

@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 from ccscope.emulation import PathProfile, Testbed, cleanup_all, probe_backends
 from ccscope.emulation import state as emu_state
-from ccscope.emulation.backends import DELAYLINE
+from ccscope.emulation.backends import DELAYLINE, SHAPER_HANDLE, qdisc_stats_by_handle
+from ccscope.emulation.netns import in_netns
+from ccscope.emulation.profile import ETH_FRAME as FRAME
 from ccscope.emulation.profile import SHORT_FLOW_PORT
 from emulation_helpers import HostSnapshot
 from prereqs import require, require_root, require_tools
@@ -77,7 +79,7 @@ def test_cubic_flow_reaches_the_rate_and_verify_matches():
         check = tb.verify()
         assert check.ok, check.message
         assert check.rtt_measured_s == pytest.approx(check.rtt_expected_s, rel=0.02, abs=0.0005)
-        assert 0.020 < check.rtt_expected_s < 0.0201  # 20 ms plus a ping frame's transmission time each way
+        assert check.rtt_expected_s == pytest.approx(0.020)  # an idle tbf's full bucket passes a ping at once
         assert check.rate_measured_bps == pytest.approx(20e6, rel=0.03)
         tb.set_algorithm("cubic")
         end = iperf3(tb, seconds=4)["end"]
@@ -132,27 +134,55 @@ def test_set_algorithm_is_the_algorithm_that_runs():
             assert algorithm in allowed
 
 
-def loaded_rtt(queue: str) -> tuple[float, dict]:
-    """Median ping RTT while a cubic flow fills a 10 Mbit/s, 20 ms RTT path with the given queue."""
+def shaper_backlogs(tb: Testbed, stop: threading.Event, out: list[int]) -> None:
+    """Appends the up bottleneck's backlog (bytes, as tbf reports it) every 10 ms until stop is set."""
+    def poll(ipr) -> None:
+        idx = ipr.link_lookup(ifname="veth-rr")[0]
+        while not stop.wait(0.01):
+            out.append(qdisc_stats_by_handle(ipr, idx)[SHAPER_HANDLE]["backlog"])
+    in_netns(tb.router_ns, poll)
+
+
+def loaded_rtt(queue: str, fill_packets: int) -> tuple[list[float], list[int], dict]:
+    """Ping RTTs and the bottleneck's backlog while a cubic flow fills a 10 Mbit/s, 20 ms RTT path with
+    the given queue. The pings start once the shaper reports fill_packets queued (slow start and its
+    losses take longer on a busy machine), polled against a deadline."""
     with Testbed(profile(rate="10mbit", delay="10ms", queue=queue)) as tb:
         tb.set_algorithm("cubic")
         result: dict = {}
-        flow = threading.Thread(target=lambda: result.update(iperf3(tb, seconds=4, omit=0)))
+        flow = threading.Thread(target=lambda: result.update(iperf3(tb, seconds=8, omit=0)))
         flow.start()
-        time.sleep(2)  # past slow start: the queue is full
-        rtts = tb.ping_rtts(count=10, interval=0.1)
-        flow.join()
-        assert result["end"]["sum_received"]["bits_per_second"] > 0.85 * 10e6
-        return statistics.median(rtts), tb.link_stats()["up"]
+        stop, backlogs = threading.Event(), []
+        sampler = threading.Thread(target=shaper_backlogs, args=(tb, stop, backlogs))
+        sampler.start()
+        try:
+            deadline = time.monotonic() + 5
+            while not (backlogs and backlogs[-1] >= fill_packets * FRAME) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert backlogs and backlogs[-1] >= fill_packets * FRAME, f"queue never filled: {backlogs[-20:]}"
+            during = len(backlogs)
+            rtts = tb.ping_rtts(count=10, interval=0.1)
+            backlogs_during = backlogs[during:]
+        finally:
+            stop.set()
+            sampler.join()
+            flow.join()
+        assert result["end"]["sum_received"]["bits_per_second"] > 0.8 * 10e6
+        return rtts, backlogs_during, tb.link_stats()["up"]
 
 
 def test_larger_queue_gives_higher_rtt_under_load():
-    small, small_stats = loaded_rtt("10p")
-    large, _ = loaded_rtt("150p")
-    # a full 10-packet queue at 10 Mbit/s adds <= 12 ms, a 150-packet one up to 182 ms
+    small_rtts, small_q, small_stats = loaded_rtt("10p", fill_packets=5)
+    large_rtts, large_q, _ = loaded_rtt("150p", fill_packets=100)
+    small, large = statistics.median(small_rtts), statistics.median(large_rtts)
+    # what the shaper held: never more than its 10 packets, and dropping; the large one far more
+    assert max(small_q) <= 10 * FRAME and small_stats["queue_drops"] > 0
+    assert statistics.median(large_q) >= 60 * FRAME, large_q
+    # each queue's RTT is the base RTT plus the time to drain what the shaper held (10 Mbit/s)
+    for rtt, held in ((small, small_q), (large, large_q)):
+        assert rtt == pytest.approx(0.020 + statistics.median(held) * 8 / 10e6, abs=0.015), (rtt, held)
     assert small < 0.020 + 0.020, small
     assert large > small + 0.060, (small, large)
-    assert small_stats["queue_drops"] > 0
 
 
 def test_trace_link_delivers_the_trace_rate(tmp_path):

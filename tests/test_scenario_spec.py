@@ -12,7 +12,7 @@ import pytest
 import yaml
 from ccscope.errors import UsageError
 from ccscope.scenario import spec
-from emulation_helpers import foreign_live_namespaces
+from emulation_helpers import foreign_live_namespaces, left_by
 from prereqs import require, require_root
 
 GOOD = {
@@ -112,7 +112,15 @@ def _cli(ccscope_cmd, *args, env=None, user=None):
     cmd = [*ccscope_cmd, *args]
     if user:
         cmd = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *cmd]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env, cwd="/")
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd="/") as proc:
+        try:
+            out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    res = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    res.pid = proc.pid  # for left_by(): what this very process left, whatever else runs here
+    return res
 
 
 def _one_error_line(res) -> str:
@@ -132,19 +140,59 @@ def _namespaces() -> set[str]:
 def test_cli_bad_file_is_one_line_exit_2_nothing_created(ccscope_cmd, tmp_path):
     path = tmp_path / "scenario.yaml"
     path.write_text(yaml.safe_dump(_with("profiles.wireless.loss", "150%")))
-    before = _namespaces()
     out = tmp_path / "out"
     res = _cli(ccscope_cmd, "scenario", "run", str(path), "--out", str(out))
     assert res.returncode == 2
     assert "scenario.yaml: profiles.wireless.loss: 150% is not a loss fraction" in _one_error_line(res)
     assert not out.exists()
-    assert not _namespaces() - before
+    assert not left_by(res.pid)
     res = _cli(ccscope_cmd, "scenario", "no-such-thing")
     assert res.returncode == 2
     _one_error_line(res)
     res = _cli(ccscope_cmd, "scenario", "wired-vs-wireless", "--runs", "0")
     assert res.returncode == 2
     assert "--runs 0 is out of range" in _one_error_line(res)
+
+
+def test_scenario_path_that_is_no_file_is_one_line(ccscope_cmd, tmp_path):
+    os.mkfifo(tmp_path / "fifo.yaml")  # before: would block reading
+    (tmp_path / "dir.yaml").mkdir()
+    for args, needle in ((["run", str(tmp_path / "fifo.yaml")], "fifo.yaml: not a scenario file (not a regular"),
+                         ([str(tmp_path / "dir.yaml")], "dir.yaml: not a scenario file (a directory)"),
+                         (["x" * 5000], "is neither a built-in scenario"),  # before: OSError traceback
+                         (["run", "x" * 5000 + ".yaml"], "cannot read the scenario file: File name too long")):
+        res = _cli(ccscope_cmd, "scenario", *args)
+        assert res.returncode == 2
+        assert needle in _one_error_line(res)
+
+
+def test_sub_second_units_are_exact_at_the_range_ends():
+    ping = {"bulk": {"flows": 1}, "ping": {"interval": "10000us"}}
+    assert spec.from_dict(_with("traffic", ping), "x.yaml").traffic.ping_interval_s == 0.01
+    assert spec.from_dict(_with("sample_interval", "1000us"), "x.yaml").sample_interval_s == 0.001
+
+
+@pytest.mark.parametrize("out, needle", [
+    ("/proc/version", "--out /proc/version: exists and is not a directory"),
+    ("/proc/version/results", "--out /proc/version/results: /proc/version is not a directory"),
+    ("/proc/ccscope-results", "--out /proc/ccscope-results: cannot create"),
+    ("/sys/ccscope/results", "--out /sys/ccscope/results: cannot create"),
+    ("FILE/sub", "is not a directory"),
+])
+def test_cli_out_that_cannot_be_a_directory_is_one_line(ccscope_cmd, tmp_path, out, needle):
+    # before: NotADirectoryError / FileNotFoundError tracebacks
+    require_root()
+    require(shutil.which("iperf3") is not None, "iperf3 missing")
+    (tmp_path / "FILE").write_text("x")
+    out = out.replace("FILE", str(tmp_path / "FILE"))
+    existed = Path(out).exists()
+    res = _cli(ccscope_cmd, "scenario", "fast-vs-slow", "--quick", "--algorithms", "cubic", "--out", out,
+               "--listen", "off")
+    assert res.returncode == 2, res.stderr
+    assert needle in _one_error_line(res)
+    assert Path(out).exists() == existed and not Path("/sys/ccscope").exists()
+    assert (tmp_path / "FILE").read_text() == "x"
+    assert not left_by(res.pid)
 
 
 def test_cli_unavailable_algorithm_names_the_available_ones(ccscope_cmd, tmp_path):

@@ -163,7 +163,8 @@ def test_parse_listen(text: str, expected: tuple[str, int]) -> None:
     assert parse_listen(text) == expected
 
 
-@pytest.mark.parametrize("text", ["garbage", "127.0.0.1", "127.0.0.1:0", "127.0.0.1:65536", "1.2.3.4:http", ""])
+@pytest.mark.parametrize("text", ["garbage", "127.0.0.1", "127.0.0.1:0", "127.0.0.1:65536", "1.2.3.4:http", "",
+                                  "[::1:80", "::1:80", "[]:80", "[[::1]]:80", "::1]:80"])
 def test_parse_listen_rejects(text: str) -> None:
     with pytest.raises(UsageError, match="--listen"):
         parse_listen(text)

@@ -6,6 +6,7 @@ import argparse
 import gc
 import json
 import os
+import re
 import signal
 import ssl
 import sys
@@ -28,6 +29,7 @@ from .units import DEFAULT_LISTEN, parse_duration, parse_listen
 from .web import config as webconfig
 from .web.server import Authenticator, Limits
 
+MAX_LIMIT = 1_000_000  # rows of `flows`; more than any flow map holds
 SORT_KEYS: dict[str, Callable[[FlowRecord], float]] = {
     "bytes": lambda f: f.bytes_total,
     "cwnd": lambda f: f.cwnd_segments,
@@ -37,8 +39,17 @@ SORT_KEYS: dict[str, Callable[[FlowRecord], float]] = {
 }
 
 
+_NEGATIVE_VALUE = re.compile(r"^-\.?[0-9]")
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, but bad flags raise UsageError (one line, exit 2) instead of printing usage."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # A value such as -5s or -1 is a (bad) value, for the flag's own check to refuse by name; stock
+        # argparse takes "-5s" for an unknown flag and reports "expected one argument".
+        self._negative_number_matcher = _NEGATIVE_VALUE
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UsageError(f"{message} (see `{self.prog} --help`)")
@@ -189,6 +200,8 @@ def format_flows(flows: list[FlowRecord]) -> str:
 
 def cmd_flows(args: argparse.Namespace) -> int:
     interval = parse_duration(args.interval, "--interval", 0.1, 3600.0)
+    if not 1 <= args.limit <= MAX_LIMIT:
+        raise UsageError(f"--limit {args.limit} is out of range 1..{MAX_LIMIT}")
     flow_filter = _filter(args)
     stop = _stop_event()
     live = sys.stdout.isatty() and not args.once

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+MAX_LINE = 400  # an error quoting a huge value stays readable; both ends keep the field and the fix
+
 
 class CcscopeError(Exception):
     """Base of every error ccscope reports to the user; `exit_code` is the process status."""
@@ -14,7 +16,13 @@ class CcscopeError(Exception):
         super().__init__(self.line())
 
     def line(self) -> str:
-        return f"{self.problem} ({self.fix})" if self.fix else self.problem
+        """One line, however long or multi-line the offending input it quotes."""
+        text = f"{self.problem} ({self.fix})" if self.fix else self.problem
+        text = " ".join(text.split())
+        if len(text) > MAX_LINE:
+            keep = MAX_LINE // 2 - 3
+            text = f"{text[:keep]} ... {text[-keep:]}"
+        return text
 
 
 class UsageError(CcscopeError):

@@ -85,7 +85,10 @@ def parse_listen(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
         raise UsageError(f"--listen {text!r} is not HOST:PORT (for example 127.0.0.1:9977)")
-    host = host.strip("[]") or "0.0.0.0"
+    bracketed = host.startswith("[") and host.endswith("]") and len(host) > 2
+    if ("[" in host or "]" in host or ":" in host) and not (bracketed and "[" not in host[1:-1] + "]"):
+        raise UsageError(f"--listen {text!r}: write an IPv6 address in brackets, as in [::1]:9977")
+    host = host[1:-1] if bracketed else host or "0.0.0.0"
     return host, int(port)
 
 

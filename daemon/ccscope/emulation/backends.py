@@ -186,7 +186,7 @@ def apply_link(ipr: IPRoute, ifindex: int, link: LinkProfile, backend: str, base
     return installed
 
 
-def _htb_class_params(rate_bps: float, ceil_bps: float, prio: int) -> dict:
+def htb_class_params(rate_bps: float, ceil_bps: float, prio: int) -> dict:
     burst = max(int(ceil_bps / 8 / kernel_hz()) + 1, 2 * ETH_FRAME)  # as tbf: enough to reach the rate
     quantum = max(ETH_FRAME, min(HTB_MAX_QUANTUM, int(rate_bps / 8 / 10)))
     return {"rate": f"{int(rate_bps)}bit", "ceil": f"{int(ceil_bps)}bit", "burst": burst, "cburst": burst,
@@ -214,7 +214,7 @@ def _apply_isolation(ipr: IPRoute, ifindex: int, link: LinkProfile, base_rtt_s: 
     where = {"parent": parent} if parent else {}
     ipr.tc("add", "htb", ifindex, handle=SHAPER_HANDLE, default=BULK_CLASS & 0xFFFF, **where)
     ipr.tc("add-class", "htb", ifindex, handle=SHAPER_HANDLE | 1, parent=SHAPER_HANDLE,
-           **_htb_class_params(rate, rate, 0))
+           **htb_class_params(rate, rate, 0))
     lines = [f"htb 2: default 20; class 2:1 rate {int(rate)}bit"]
     leaves = (("interactive", INTERACTIVE_CLASS, INTERACTIVE_LEAF, 0, INTERACTIVE_SHARE, link.isolate.queue,
                link.isolate_queue_bytes(base_rtt_s)),
@@ -223,7 +223,7 @@ def _apply_isolation(ipr: IPRoute, ifindex: int, link: LinkProfile, base_rtt_s: 
     for name, classid, leaf, prio, share, queue, queue_bytes in leaves:
         assert queue_bytes is not None
         ipr.tc("add-class", "htb", ifindex, handle=classid, parent=SHAPER_HANDLE | 1,
-               **_htb_class_params(rate * share, rate, prio))
+               **htb_class_params(rate * share, rate, prio))
         packets = queue.packets if queue is not None else None
         leaf_line = _leaf_queue(ipr, ifindex, classid, leaf, packets, queue_bytes)
         classes[name] = (f"2:{classid & 0xFFFF:x} rate {int(rate * share)}bit ceil {int(rate)}bit prio {prio}; "

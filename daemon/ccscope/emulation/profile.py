@@ -39,6 +39,7 @@ from typing import Any
 
 from ccscope import units
 from ccscope.errors import UsageError
+from ccscope.safe_input import read_text
 from ccscope.units import NUMBER, is_number, parse_loss, require_finite
 
 ETH_FRAME = 1514  # bytes of a full-MSS frame as tbf counts it (1500 IP + 14 Ethernet)
@@ -49,7 +50,18 @@ MAX_RATE_BPS = 10e9  # beyond what a veth path through a userspace stage or tbf 
 MAX_DELAY_S = 10.0
 MAX_QUEUE_PACKETS = 1_000_000
 TRACE_OPPORTUNITY_BYTES = 1500
+MAX_TRACE_BYTES = 64 << 20  # an hour of a 100 Mbit/s trace is about 30 MB
+MAX_TEXT_CHARS = 2000  # a description; it is copied into results.json and the report
 
+
+
+def check_text(raw: Any, where: str) -> str:
+    """A free-text field such as a description: text of at most MAX_TEXT_CHARS characters."""
+    if not isinstance(raw, str):
+        raise UsageError(f"{where}: expected text, got {type(raw).__name__} {raw!r}")
+    if len(raw) > MAX_TEXT_CHARS:
+        raise UsageError(f"{where}: {len(raw)} characters, more than the {MAX_TEXT_CHARS} a description may have")
+    return raw
 
 
 def parse_rate(raw: Any, where: str) -> float | None:
@@ -146,9 +158,14 @@ class QueueSize:
         return f"{self.bdp:g}bdp"
 
 
+def trace_stamps_ms(path: Path) -> list[int]:
+    """The delivery opportunities of a Mahimahi trace (checked by _check_trace), in ms."""
+    return [int(x) for x in read_text(path, "a Mahimahi trace", MAX_TRACE_BYTES).split()]
+
+
 def trace_mean_rate_bps(path: Path) -> float:
     """Mean delivery rate of a Mahimahi trace (1500 bytes per opportunity over the looping period)."""
-    stamps = [int(x) for x in path.read_text().split()]
+    stamps = trace_stamps_ms(path)
     return len(stamps) * TRACE_OPPORTUNITY_BYTES * 8 / (stamps[-1] / 1000.0)
 
 
@@ -157,9 +174,9 @@ def _check_trace(raw: Any, where: str) -> Path:
         raise UsageError(f"{where}: expected the path of a Mahimahi trace file, got {raw!r}")
     path = Path(raw).expanduser()
     try:
-        words = path.read_text().split()
-    except OSError as exc:
-        raise UsageError(f"{where}: cannot read trace {path}: {exc.strerror}") from exc
+        words = read_text(path, "a Mahimahi trace", MAX_TRACE_BYTES).split()
+    except UsageError as exc:
+        raise UsageError(f"{where}: {exc.problem}") from None
     try:
         stamps = [int(w) for w in words]
     except ValueError:
@@ -328,6 +345,7 @@ class PathProfile:
     def from_dict(cls, name: str, data: dict, where: str) -> PathProfile:
         if not isinstance(data, dict):
             raise UsageError(f"{where}: expected a mapping (rate, delay, ... or up:/down:), got {data!r}")
+        check_text(data.get("description", ""), f"{where}.description")
         flat = {k: v for k, v in data.items() if k not in ("up", "down", "description")}
         _check_flat_keys(flat, where)  # errors in flat keys name the key where it was written
         links = {}

@@ -64,8 +64,7 @@ def cmd_scenario(args: argparse.Namespace) -> int:
         if not args.file:
             raise UsageError("`ccscope scenario run` needs a scenario file: ccscope scenario run FILE.yaml")
         path = Path(args.file)
-        if not path.is_file():
-            raise UsageError(f"{args.file}: no such scenario file")
+        spec.check_file(path)
     else:
         if args.file:
             raise UsageError(f"unexpected {args.file!r} after {args.target!r} (did you mean `run FILE`?)")

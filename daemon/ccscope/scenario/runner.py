@@ -102,6 +102,33 @@ def default_out(scenario: Scenario) -> Path:
     return Path("results") / f"{scenario.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
+def check_out_dir(out: Path) -> None:
+    """The results directory must be new or empty, and creatable: checked before anything is created."""
+    try:
+        out.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        pass  # named below, with the part of the path that is in the way
+    except OSError as exc:  # a name too long, a loop of symlinks, a file where a directory should be
+        raise UsageError(f"--out {out}: {exc.strerror}") from None
+    if out.exists():
+        if not out.is_dir():
+            raise UsageError(f"--out {out}: exists and is not a directory")
+        if any(out.iterdir()):
+            raise UsageError(f"--out {out}: directory exists and is not empty")
+        base = out
+    else:
+        base = next(p for p in out.absolute().parents if p.exists())
+        if not base.is_dir():
+            raise UsageError(f"--out {out}: {base} is not a directory")
+    if not os.access(base, os.W_OK | os.X_OK):
+        why = "read-only" if _read_only(base) else "no permission"
+        raise UsageError(f"--out {out}: cannot write in {base} ({why})")
+
+
+def _read_only(path: Path) -> bool:
+    return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+
+
 def run(scenario: Scenario, options: Options) -> tuple[Path, dict]:
     """Runs the scenario's units (only the missing ones with --resume); each completed run is saved at
     once (see store.py). SIGINT/SIGTERM/SIGHUP tear down, save what completed and raise Interrupted."""
@@ -110,8 +137,8 @@ def run(scenario: Scenario, options: Options) -> tuple[Path, dict]:
     units = plan(scenario)
     fresh = results.new_document(scenario, units, skipped, options.quick, options.backend)
     out = options.resume or options.out or default_out(scenario)
-    if options.resume is None and out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise UsageError(f"--out {out}: {'directory exists and is not empty' if out.is_dir() else 'not a directory'}")
+    if options.resume is None:
+        check_out_dir(out)
     store, doc = _open(out, fresh, options)
     for name in skipped:
         print(f"ccscope: {name} is not available in this kernel; running without it", file=sys.stderr)

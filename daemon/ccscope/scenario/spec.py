@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import copy
 import re
+import stat
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from ccscope.emulation.profile import PathProfile
+from ccscope import safe_input
+from ccscope.emulation.profile import PathProfile, check_text
 from ccscope.errors import UsageError
 from ccscope.units import parse_duration, parse_size
 
@@ -105,12 +105,31 @@ def resolve(name_or_path: str) -> Path:
     if name_or_path in builtins:
         return builtins[name_or_path]
     path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml") or path.exists():
-        if not path.is_file():
-            raise UsageError(f"{name_or_path}: no such scenario file")
+    if path.suffix in (".yaml", ".yml") or _exists(path):
+        check_file(path)
         return path
     known = ", ".join(builtins) or "none installed"
     raise UsageError(f"{name_or_path!r} is neither a built-in scenario ({known}) nor a YAML file")
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except OSError:  # ENAMETOOLONG and the like: not a file we could read
+        return False
+
+
+def check_file(path: Path) -> None:
+    """A scenario file must be an existing regular file (not a directory, FIFO or device)."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such scenario file") from None
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read the scenario file: {exc.strerror}") from None
+    if not stat.S_ISREG(mode):
+        kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+        raise UsageError(f"{path}: not a scenario file ({kind})")
 
 
 # --- loading ----------------------------------------------------------------------------------------
@@ -119,23 +138,14 @@ def resolve(name_or_path: str) -> Path:
 def load(path: Path, *, quick: bool = False, duration: str | None = None, runs: int | None = None,
          algorithms: str | None = None) -> Scenario:
     """Read, merge the `quick:` overlay and command-line overrides, validate."""
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot read: {exc.strerror}") from None
+    text = safe_input.read_text(path, "a scenario file")
     data = parse_yaml(text, path.name)
     return from_dict(data, path.name, source=str(path), quick=quick, duration=duration, runs=runs,
                      algorithms=algorithms)
 
 
 def parse_yaml(text: str, where: str) -> dict:
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        line = f"line {mark.line + 1}: " if mark is not None else ""
-        raise UsageError(f"{where}: {line}not valid YAML: {problem}") from None
+    data = safe_input.load_yaml(text, where)
     if not isinstance(data, dict):
         raise UsageError(f"{where}: expected a mapping of {', '.join(TOP_KEYS[:4])}, ... at the top, "
                          f"got {type(data).__name__}")
@@ -153,10 +163,12 @@ def from_dict(data: dict, where: str, *, source: str = "", quick: bool = False, 
         _known(overlay, tuple(k for k in TOP_KEYS if k not in ("quick", "name")), where, "quick")
         data = _merge_quick(data, overlay, where)
     if duration is not None:
-        data["duration"] = duration
+        data["duration"] = parse_duration(duration, "--duration", 1.0, MAX_DURATION_S)
     if runs is not None:
         data["runs"] = runs
     if algorithms is not None:
+        if "" in [a.strip() for a in algorithms.split(",")] and algorithms.strip(" ,"):
+            raise UsageError(f"--algorithms {algorithms!r}: an empty name between commas (e.g. cubic,bbr)")
         names = [a.strip() for a in algorithms.split(",") if a.strip()]
         if not names:
             raise UsageError("--algorithms: give a comma-separated list such as reno,cubic,bbr "
@@ -171,8 +183,10 @@ def _merge_quick(data: dict, overlay: dict, where: str) -> dict:
     for key, value in overlay.items():
         if key == "profiles" and isinstance(value, list):  # a subset of the profiles, by name
             profiles = data.get("profiles") or {}
+            if not isinstance(profiles, dict):
+                raise UsageError(f"{where}: profiles: expected a mapping of profile names to links, got {profiles!r}")
             for name in value:
-                if name not in profiles:
+                if not isinstance(name, str) or name not in profiles:
                     raise UsageError(f"{where}: quick.profiles: {name!r} is not one of the profiles "
                                      f"({', '.join(profiles)})")
             data["profiles"] = {name: profiles[name] for name in value}
@@ -202,9 +216,7 @@ def _build(data: dict, where: str, source: str) -> Scenario:
     name = data.get("name", Path(source).stem if source else "scenario")
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", name):
         raise UsageError(f"{where}: name: {name!r} must be letters, digits, '-', '_' or '.' (at most 64)")
-    description = data.get("description", "")
-    if not isinstance(description, str):
-        raise UsageError(f"{where}: description: expected text, got {description!r}")
+    description = check_text(data.get("description", ""), f"{where}: description")
     algorithms = _algorithms(data.get("algorithms"), where)
     optional = data.get("optional_algorithms", []) or []
     if not isinstance(optional, list) or not all(isinstance(a, str) for a in optional):

@@ -1,0 +1,196 @@
+"""The pre-run check of an emulated path: what its idle RTT and its saturated rate should be, given what
+the backends install, and how to probe them so that the probe measures the link, not its own start-up.
+
+Idle RTT. tbf and htb are token buckets, not serial lines: their bucket holds `burst` bytes (at least two
+full frames, see backends.tbf_params), so a lone ping on an idle path leaves at once and pays no
+transmission time. The model replays the probe's pings through a token bucket per direction (it only
+matters when the pings outrun the bucket, at very low rates), adds the one-way delays, and for a trace
+link the wait for the next delivery opportunity. Jitter is symmetric (uniform in [-j, +j], on both
+backends), so it leaves the median where it was and widens the tolerance; the pings are spaced wider
+than the jitter range so that "never overtake the packet ahead" cannot push them later.
+
+Rate. A UDP flow offered above the rate saturates the bottleneck; the shaper then holds a backlog. The
+probe waits for that backlog (the start of iperf3 costs several RTTs, and tbf's full bucket first lets
+a burst through), then samples the egress byte counter while the backlog lasts without a break, for at
+least MIN_WINDOW_S and MIN_PACKETS frames and until the timing of the readings leaves the rate within
+MAX_UNCERTAINTY (a busy machine reads slowly: the window grows, up to a bound). At low rates the frames
+are smaller, so a window still spans many of them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from dataclasses import dataclass
+
+from .backends import htb_class_params, tbf_params
+from .profile import ETH_FRAME, LinkProfile, PathProfile, trace_stamps_ms
+
+PING_FRAME_BYTES = 98  # default ping: 56 data + 8 ICMP + 20 IPv4 + 14 Ethernet
+ETH_HEADER = 14
+IP_UDP_HEADERS = 28
+MIN_PROBE_FRAME = 100
+MIN_WINDOW_S = 1.0
+MIN_PACKETS = 40
+FRAME_TIME_S = 0.02  # below full-size frames, probe frames take this long at the link rate
+OFFERED_FACTOR = 1.5  # UDP offered above the rate: the bottleneck queue builds within a few frames
+RTT_TOLERANCE = (0.02, 0.0005)  # relative, absolute: ok when |measured - expected| <= rel*expected + abs
+RATE_TOLERANCE = 0.03
+MEDIAN_SIGMAS = 4.0  # jitter's share of the RTT tolerance, in standard deviations of the median
+
+
+@dataclass(frozen=True)
+class PingPlan:
+    count: int
+    interval_s: float
+
+
+@dataclass(frozen=True)
+class RttModel:
+    expected_s: float  # median RTT of the plan's pings on the idle path
+    tolerance_s: float
+
+
+@dataclass(frozen=True)
+class RatePlan:
+    frame_bytes: int  # layer-2 size of each UDP probe frame
+    offered_bps: float  # layer-2 rate offered
+    expected_bps: float  # layer-2 rate the link delivers with these frames
+    window_s: float  # minimum length of the saturated window the rate is measured over
+    startup_s: float  # bound on iperf3's start plus filling the bottleneck
+
+    @property
+    def payload_bytes(self) -> int:
+        return self.frame_bytes - ETH_HEADER - IP_UDP_HEADERS
+
+
+def ping_plan(profile: PathProfile) -> PingPlan:
+    jitter = max(profile.up.jitter_s, profile.down.jitter_s)
+    if not jitter:
+        return PingPlan(count=10, interval_s=0.02)
+    return PingPlan(count=30, interval_s=max(0.02, round(2 * jitter + 0.002, 3)))
+
+
+def _bucket(link: LinkProfile, base_rtt_s: float) -> tuple[float, int] | None:
+    """(rate bit/s, burst bytes) of the kernel shaper of a direction, as backends installs it."""
+    if link.rate_bps is None:
+        return None
+    if link.isolate is not None:  # ping is in the interactive class; it may borrow up to the ceil
+        return link.rate_bps, htb_class_params(link.rate_bps, link.rate_bps, 0)["cburst"]
+    return link.rate_bps, tbf_params(link.rate_bps, link.queue_bytes(base_rtt_s) or ETH_FRAME)["burst"]
+
+
+def bucket_waits(rate_bps: float, burst_bytes: int, frame_bytes: int, arrivals: list[float]) -> list[float]:
+    """How long each packet waits in a token bucket (full at the start, FIFO) that it enters at arrivals."""
+    bytes_per_s = rate_bps / 8
+    tokens, last, free_at, waits = float(burst_bytes), arrivals[0], -math.inf, []
+    for arrival in arrivals:
+        t = max(arrival, free_at)
+        tokens = min(burst_bytes, tokens + (t - last) * bytes_per_s)
+        if tokens >= frame_bytes:
+            depart, tokens = t, tokens - frame_bytes
+        else:
+            depart, tokens = t + (frame_bytes - tokens) / bytes_per_s, 0.0
+        last = free_at = depart
+        waits.append(depart - arrival)
+    return waits
+
+
+def _trace_wait(link: LinkProfile) -> tuple[float, float]:
+    """(mean, half the longest) wait of a packet arriving at a random moment for the next opportunity."""
+    if link.trace is None:
+        return 0.0, 0.0
+    stamps = trace_stamps_ms(link.trace)
+    period = stamps[-1] / 1000
+    gaps = [(b - a) / 1000 for a, b in zip([0, *stamps[:-1]], stamps, strict=True)]
+    return sum(g * g for g in gaps) / (2 * period), max(gaps) / 2
+
+
+def expected_rtt(profile: PathProfile, plan: PingPlan) -> RttModel:
+    # the warm-up ping, then the measured ones (ping_rtts); the bucket is full before the first
+    arrivals = [0.0, *(1.0 + i * plan.interval_s for i in range(plan.count))]
+    extra = [0.0] * plan.count
+    spread = 0.0
+    for link in (profile.up, profile.down):
+        bucket = _bucket(link, profile.base_rtt_s)
+        if bucket is not None:
+            waits = bucket_waits(*bucket, PING_FRAME_BYTES, arrivals)[1:]
+            extra = [e + w for e, w in zip(extra, waits, strict=True)]
+        mean, half_gap = _trace_wait(link)
+        extra = [e + mean for e in extra]
+        spread += half_gap
+    sigma = math.sqrt((profile.up.jitter_s ** 2 + profile.down.jitter_s ** 2) / 3)  # sum of two uniforms
+    jitter_term = MEDIAN_SIGMAS * 1.2533 * sigma / math.sqrt(plan.count)  # std of a median of n samples
+    expected = profile.base_rtt_s + statistics.median(extra)
+    rel, absolute = RTT_TOLERANCE
+    return RttModel(expected_s=expected, tolerance_s=rel * expected + absolute + jitter_term + spread)
+
+
+def rate_plan(profile: PathProfile) -> RatePlan | None:
+    """How to probe the up direction's rate; None for an unlimited link."""
+    link = profile.up
+    rate = link.effective_rate_bps()
+    if rate is None:
+        return None
+    frame = int(min(ETH_FRAME, max(MIN_PROBE_FRAME, rate * FRAME_TIME_S / 8)))
+    expected = rate
+    if link.trace is not None:  # the delay line spends an opportunity's 1500 bytes on IP packets
+        expected = rate * frame / (frame - ETH_HEADER)
+    window = max(MIN_WINDOW_S, MIN_PACKETS * frame * 8 / expected)
+    # iperf3: connect, parameters, stream setup (a few RTTs each way), then the burst and the first packets
+    startup = 3.0 + 6 * profile.base_rtt_s + 20 * frame * 8 / expected
+    return RatePlan(frame_bytes=frame, offered_bps=expected * OFFERED_FACTOR, expected_bps=expected,
+                    window_s=window, startup_s=startup)
+
+
+@dataclass(frozen=True)
+class Sample:
+    t0: float  # the counters were read between t0 and t1 (a netlink round trip; long on a busy machine)
+    t1: float
+    tx_bytes: int
+    backlog: int | None  # bytes in the kernel shaper; None when the link has none (trace link)
+
+
+@dataclass(frozen=True)
+class Fit:
+    rate_bps: float
+    seconds: float
+    uncertainty: float  # relative: how far the rate could be off from when the counter readings were taken
+
+
+MAX_UNCERTAINTY = 0.01
+EDGE_CHOICES = 10
+
+
+def saturated_rate(samples: list[Sample], window_s: float) -> Fit | None:
+    """The rate over the longest run of samples during which the shaper always held a backlog; None when
+    that run is shorter than window_s.
+
+    Between two readings the counter passed the second value at a moment inside [first.t0, second.t1],
+    whatever the rate (at low rates the counter is a staircase of whole frames). The rate is taken between
+    the narrowest such moment near each end of the run; their widths give its uncertainty."""
+    runs: list[list[Sample]] = [[]]
+    for s in samples:
+        if s.backlog == 0:
+            runs.append([])
+        else:
+            runs[-1].append(s)
+    best = max(runs, key=lambda r: r[-1].t1 - r[0].t0 if len(r) > 1 else 0.0)
+    edges = [(a.t0, b.t1, b.tx_bytes) for a, b in itertools.pairwise(best) if b.tx_bytes != a.tx_bytes]
+    if len(edges) < 2 or best[-1].t1 - best[0].t0 < window_s:
+        return None
+    k = min(EDGE_CHOICES, len(edges) // 2)
+    first = min(edges[:k], key=lambda e: e[1] - e[0])
+    last = min(edges[-k:], key=lambda e: e[1] - e[0])
+    span = (last[0] + last[1]) / 2 - (first[0] + first[1]) / 2
+    if span <= 0:
+        return None
+    slack = ((first[1] - first[0]) + (last[1] - last[0])) / 2
+    return Fit(rate_bps=(last[2] - first[2]) * 8 / span, seconds=span, uncertainty=slack / span)
+
+
+def start_backlog(profile: PathProfile, frame_bytes: int) -> int:
+    """Backlog (bytes) that shows the probe has saturated the up shaper: a few frames, within the queue."""
+    queue = profile.up.queue_bytes(profile.base_rtt_s) or frame_bytes
+    return max(1, min(3 * frame_bytes, queue // 2))

@@ -1,0 +1,134 @@
+"""The pre-run path check: its model of an idle path (token buckets pass a lone ping at once) and a rate
+probe that measures the saturated link. Checked on every built-in profile and at 1 Mbit/s, 400 ms RTT
+with real namespaces, against the shaper's own counters."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from ccscope.emulation import PathProfile, Testbed, pathcheck
+from ccscope.emulation.backends import DELAYLINE, tbf_params
+from ccscope.scenario import spec
+from emulation_helpers import left_by
+from prereqs import require, require_root, require_tools
+
+
+def profile(**data) -> PathProfile:
+    return PathProfile.from_dict("p", data, "profiles.p")
+
+
+def test_an_idle_token_bucket_adds_no_transmission_time():
+    # before: 98-byte ping frames were charged 0.52 ms per direction at 1.5 Mbit/s (expected 21.05 ms)
+    p = profile(rate="1.5mbit", delay="10ms")
+    model = pathcheck.expected_rtt(p, pathcheck.ping_plan(p))
+    assert model.expected_s == pytest.approx(0.020, abs=1e-9)
+    assert model.tolerance_s == pytest.approx(0.02 * 0.020 + 0.0005)
+    slow = profile(rate="1mbit", delay="200ms")
+    assert pathcheck.expected_rtt(slow, pathcheck.ping_plan(slow)).expected_s == pytest.approx(0.400, abs=1e-9)
+
+
+def test_bucket_waits_once_packets_outrun_the_burst():
+    rate, burst = 8000.0, 3000  # 1000 bytes/s
+    assert pathcheck.bucket_waits(rate, burst, 1000, [0.0, 0.0, 0.0]) == [0.0, 0.0, 0.0]
+    waits = pathcheck.bucket_waits(rate, burst, 1000, [0.0] * 5)
+    assert waits == pytest.approx([0, 0, 0, 1.0, 2.0])  # the 4th waits for 1000 bytes of tokens
+    # a bucket refilled by idle time passes the next packet at once again
+    assert pathcheck.bucket_waits(rate, burst, 1000, [0.0] * 4 + [10.0])[-1] == 0.0
+    # the model uses the burst the backends install
+    assert tbf_params(10e3, 15140)["burst"] >= 2 * 1514
+
+
+def test_jitter_widens_the_tolerance_and_spaces_the_pings():
+    p = profile(rate="10mbit", delay="20ms", jitter="5ms")
+    plan = pathcheck.ping_plan(p)
+    assert plan.interval_s >= 2 * 0.005 and plan.count >= 30
+    model = pathcheck.expected_rtt(p, plan)
+    assert model.expected_s == pytest.approx(0.040)
+    assert 0.0025 < model.tolerance_s - (0.02 * 0.040 + 0.0005) < 0.005
+
+
+def test_trace_link_waits_for_the_next_opportunity(tmp_path):
+    trace = tmp_path / "t.trace"
+    trace.write_text("10\n20\n")  # an opportunity every 10 ms
+    p = profile(delay="5ms", up={"trace": str(trace)})
+    model = pathcheck.expected_rtt(p, pathcheck.ping_plan(p))
+    assert model.expected_s == pytest.approx(0.010 + 0.005)  # on average half a gap
+    plan = pathcheck.rate_plan(p)
+    assert plan is not None
+    assert plan.expected_bps == pytest.approx(1.2e6 * 1514 / 1500)  # 1500 IP bytes per opportunity
+
+
+def test_rate_probe_is_long_enough_at_low_rates_and_long_rtts():
+    slow = pathcheck.rate_plan(profile(rate="1mbit", delay="200ms"))
+    assert slow is not None and slow.frame_bytes == 1514
+    assert slow.window_s >= 40 * 1514 * 8 / 1e6 and slow.startup_s > 6 * 0.4
+    tiny = pathcheck.rate_plan(profile(rate="10kbit", delay="10ms"))
+    assert tiny is not None and tiny.frame_bytes == 100 and tiny.payload_bytes == 58
+    assert tiny.window_s == pytest.approx(40 * 100 * 8 / 10e3)
+    assert pathcheck.rate_plan(profile(delay="10ms")) is None
+
+
+def samples(rate_bps: float, seconds: float, poll: float = 0.005, read: float = 0.0005, t: float = 1.0,
+            tx: int = 1000, frame: int = 0, backlog: int = 3000) -> list[pathcheck.Sample]:
+    """What the probe reads from a saturated link: the counter, in whole frames when frame is set."""
+    out = []
+    for i in range(int(seconds / poll) + 1):
+        ti = t + i * poll
+        sent = rate_bps / 8 * (i * poll + read / 2)
+        out.append(pathcheck.Sample(ti, ti + read, tx + (int(sent // frame) * frame if frame else int(sent)),
+                                    backlog))
+    return out
+
+
+def test_saturated_rate_uses_the_longest_backlogged_run():
+    busy = samples(1e6, 2.0)
+    idle = [pathcheck.Sample(3.02, 3.021, busy[-1].tx_bytes, 0)]  # the sender stalled: the link ran dry
+    short = samples(5e6, 0.1, t=3.1, tx=busy[-1].tx_bytes)  # faster, but only 0.1 s
+    fit = pathcheck.saturated_rate(busy + idle + short, 1.0)
+    assert fit.rate_bps == pytest.approx(1e6, rel=1e-3) and fit.seconds == pytest.approx(2.0, abs=0.06)
+    assert fit.uncertainty < pathcheck.MAX_UNCERTAINTY
+    assert pathcheck.saturated_rate(busy[:150] + idle + short, 1.0) is None
+
+
+def test_saturated_rate_on_a_staircase_and_with_slow_readings():
+    # 10 kbit/s in 100-byte frames, sampled every 5 ms: a step every 80 ms
+    fit = pathcheck.saturated_rate(samples(10e3, 3.2, frame=100), 3.0)
+    assert fit.rate_bps == pytest.approx(10e3, rel=0.005) and fit.uncertainty < pathcheck.MAX_UNCERTAINTY
+    # readings that take 50 ms (a busy machine): the rate is still right, and says how uncertain it is
+    slow = pathcheck.saturated_rate(samples(10e6, 1.0, poll=0.055, read=0.05), 1.0)
+    assert slow.rate_bps == pytest.approx(10e6, rel=0.06) and slow.uncertainty > 5 * pathcheck.MAX_UNCERTAINTY
+
+
+def builtin_profiles() -> dict[str, PathProfile]:
+    seen: dict[tuple, str] = {}
+    out = {}
+    for name, path in spec.builtin_scenarios().items():
+        for pname, p in spec.load(path).profiles.items():
+            if (p.up, p.down) not in seen:  # same links, same check
+                seen[(p.up, p.down)] = f"{name}/{pname}"
+                out[f"{name}/{pname}"] = p
+    return out
+
+
+PROFILES = builtin_profiles()
+SLOW = profile(rate="1mbit", delay="200ms")
+if not any((p.up, p.down) == (SLOW.up, SLOW.down) for p in PROFILES.values()):  # fast-vs-slow/slow is it
+    PROFILES["1mbit-400ms"] = SLOW
+
+
+@pytest.mark.parametrize("name", list(PROFILES))
+def test_path_check_agrees_with_a_correct_emulator(name):
+    require_root()
+    require_tools("ip", "iptables", "ethtool", "iperf3", "ping", "ss")
+    require(DELAYLINE.is_file(), f"{DELAYLINE.name} not built: run make")
+    p = PROFILES[name]
+    with Testbed(p) as tb:
+        check = tb.verify()
+        up = tb.link_stats()["up"]
+    assert not left_by(os.getpid())
+    # before: 1 Mbit/s, 400 ms read "rate 0.27 Mbit/s (expected 1.00) OFF"
+    assert check.ok, check.message
+    assert check.rtt_expected_s == pytest.approx(p.base_rtt_s, abs=0.001 if p.up.trace else 1e-9)
+    assert check.rate_measured_bps == pytest.approx(check.rate_expected_bps, rel=pathcheck.RATE_TOLERANCE)
+    assert up["packets"] >= pathcheck.MIN_PACKETS and up["delay_overflows"] == 0
