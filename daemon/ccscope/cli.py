@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 from . import __version__, check
 from .errors import CcscopeError, UsageError
 from .exporter import FlowCollector
-from .flows import FlowFilter, FlowRecord, FlowSelection, FlowTable, decode, monotonic_ns
+from .flows import FLOW_COLUMNS, FlowFilter, FlowRecord, FlowSelection, FlowTable, decode, monotonic_ns
 from .loader import ProbeOptions, TelemetryProbe
 from .server import MetricsServer, load_basic_auth
 from .units import parse_duration, parse_listen
@@ -99,58 +99,48 @@ def cmd_daemon(args: argparse.Namespace) -> int:
         collector = FlowCollector(table, selection, flow_filter)
         registry = CollectorRegistry()
         registry.register(collector)
-        server = MetricsServer(registry, host, port, tls=tls, basic_auth=users)
+        live = _live_page(probe, table, flow_filter, options.sample_interval_ns) if not args.no_live else None
+        server = MetricsServer(registry, host, port, tls=tls, basic_auth=users, live=live and live[0])
         scheme = "https" if tls else "http"
-        print(f"ccscope {__version__}: serving {scheme}://{args.listen}/metrics "
+        page = f"live page {scheme}://{args.listen}/, " if live else ""
+        print(f"ccscope {__version__}: serving {page}{scheme}://{args.listen}/metrics "
               f"(flows {args.flows}); Ctrl-C to stop", file=sys.stderr, flush=True)
         try:
             while not stop.wait(max(0.5, min(grace / 2, 5.0))):
                 table.snapshot()  # expires closed flows even when nobody scrapes
         finally:
+            if live:
+                live[0].hub.close()
             server.close()
+            if live:
+                live[1].close()
     print("ccscope: detached", file=sys.stderr)
     return 0
+
+
+def _live_page(probe, table: FlowTable, flow_filter: FlowFilter, sample_interval_ns: int):
+    from .live.app import LiveApp, table_rows
+    from .live.feed import SampleFeed
+    from .live.hub import Hub
+
+    hub = Hub(flow_filter=flow_filter, table_rows=table_rows,
+              table_source=lambda: [f for f in table.snapshot() if flow_filter.matches(f)])
+    try:
+        app = LiveApp(hub)
+    except Exception:
+        hub.close()
+        raise
+    feed = SampleFeed(probe, hub, sample_interval_ns)
+    hub.on_clients = feed.clients_changed
+    return app, feed
 
 
 # --- flows -----------------------------------------------------------------------------------------
 
 
-def _rate(bytes_per_s: float | None) -> str:
-    if bytes_per_s is None:
-        return "-"
-    bits = bytes_per_s * 8
-    for unit, scale in (("Gb", 1e9), ("Mb", 1e6), ("kb", 1e3)):
-        if bits >= scale:
-            return f"{bits / scale:.1f}{unit}"
-    return f"{bits:.0f}b"
-
-
-def _bytes(count: int) -> str:
-    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if count >= scale:
-            return f"{count / scale:.1f}{unit}"
-    return str(count)
-
-
-FLOW_COLUMNS: tuple[tuple[str, str, Callable[[FlowRecord], str]], ...] = (
-    ("FLOW", "<44", lambda f: f.name),
-    ("NETNS", ">10", lambda f: str(f.netns)),
-    ("CC", "<7", lambda f: f.cc),
-    ("STATE", "<9", lambda f: f.ca_state),
-    ("CWND", ">6", lambda f: str(f.cwnd_segments)),
-    ("SSTHR", ">6", lambda f: "-" if f.ssthresh_segments is None else str(f.ssthresh_segments)),
-    ("SRTT", ">8", lambda f: f"{f.srtt_s * 1e3:.2f}ms"),
-    ("MINRTT", ">8", lambda f: "-" if f.min_rtt_s is None else f"{f.min_rtt_s * 1e3:.2f}ms"),
-    ("DELIVERY", ">9", lambda f: _rate(f.delivery_rate_Bps)),
-    ("PACING", ">9", lambda f: _rate(f.pacing_rate_Bps)),
-    ("BYTES", ">7", lambda f: _bytes(f.bytes_total)),
-    ("RETRANS", ">7", lambda f: str(f.retransmits)),
-)
-
-
 def format_flows(flows: list[FlowRecord]) -> str:
-    header = "  ".join(f"{title:{spec}}" for title, spec, _ in FLOW_COLUMNS)
-    rows = ["  ".join(f"{get(f):{spec}}" for _, spec, get in FLOW_COLUMNS) for f in flows]
+    header = "  ".join(f"{c.title:{c.spec}}" for c in FLOW_COLUMNS)
+    rows = ["  ".join(f"{c.text(f):{c.spec}}" for c in FLOW_COLUMNS) for f in flows]
     return "\n".join([header, *rows])
 
 
@@ -284,6 +274,8 @@ def build_parser() -> argparse.ArgumentParser:
     daemon.add_argument("--tls-cert", help="serve HTTPS with this certificate (PEM)")
     daemon.add_argument("--tls-key", help="private key for --tls-cert (PEM)")
     daemon.add_argument("--basic-auth-file", help="require basic auth; file of user:sha256(password) lines")
+    daemon.add_argument("--no-live", action="store_true",
+                        help="serve /metrics only, without the live page at /")
     _add_probe_flags(daemon)
     _add_filters(daemon)
     daemon.set_defaults(func=cmd_daemon)

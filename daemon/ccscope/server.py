@@ -1,4 +1,5 @@
-"""The metrics endpoint: prometheus-client's WSGI app behind optional TLS and basic auth."""
+"""The metrics endpoint: prometheus-client's WSGI app behind optional TLS and basic auth; other paths go to
+the live page's app when there is one (same listener, same auth, same TLS)."""
 
 from __future__ import annotations
 
@@ -67,12 +68,23 @@ def _with_basic_auth(app, users: dict[str, str]):
     return guarded
 
 
+def _with_live(metrics_app, live_app):
+    def route(environ, start_response):
+        path = environ.get("PATH_INFO", "/")
+        return (metrics_app if path == "/metrics" else live_app)(environ, start_response)
+
+    return route
+
+
 class MetricsServer:
     """Serves /metrics in a background thread until close()."""
 
     def __init__(self, registry: CollectorRegistry, host: str, port: int, *,
-                 tls: tuple[Path, Path] | None = None, basic_auth: dict[str, str] | None = None) -> None:
+                 tls: tuple[Path, Path] | None = None, basic_auth: dict[str, str] | None = None,
+                 live=None) -> None:
         app = make_wsgi_app(registry)
+        if live is not None:
+            app = _with_live(app, live)
         if basic_auth:
             app = _with_basic_auth(app, basic_auth)
         server_class = _V6ThreadingServer if ":" in host else _ThreadingServer

@@ -1,0 +1,129 @@
+"""The live page's HTTP side, as a WSGI app the metrics server mounts next to /metrics (same auth, same TLS).
+
+GET /            the page
+GET /static/F    its script, stylesheet and the vendored chart library (a fixed list, nothing else on disk)
+GET /events      Server-Sent Events: `hello` (everything so far), then `points`, `table`, `scenario`, `run`,
+                 `lag` (this client lost updates), `bye`
+GET /report/F    a scenario's report.html and plots, once written
+"""
+
+from __future__ import annotations
+
+import mimetypes
+import re
+from collections.abc import Callable, Iterator
+from importlib import resources
+from pathlib import Path
+
+from ccscope.errors import PrerequisiteError
+from ccscope.flows import FLOW_COLUMNS, FlowRecord
+
+from . import vendor
+from .hub import Hub, TooManyClients, event
+
+KEEPALIVE_S = 15.0  # an idle stream still writes, so a vanished client is noticed and its slot freed
+PAGE_FILES = ("index.html", "live.js", "live.css")
+_REPORT_FILE = re.compile(r"^(report\.html|plots/[A-Za-z0-9_.-]+\.png)$")
+
+
+def static_files() -> dict[str, Path]:
+    base = Path(str(resources.files("ccscope.live") / "static"))
+    files = {name: base / name for name in PAGE_FILES}
+    files.update({name: base / "vendor" / name for name in vendor.UPLOT_FILES.values()})
+    missing = [name for name, path in files.items() if not path.is_file()]
+    if missing:
+        raise PrerequisiteError(f"live page assets missing: {', '.join(missing)}",
+                                "build them with `make assets` (or start the daemon with --no-live)")
+    return files
+
+
+def table_rows(flows: list[FlowRecord], limit: int = 500) -> dict:
+    """The `ccscope flows` columns, as text and as sort keys; the busiest `limit` flows."""
+    flows = sorted(flows, key=lambda f: f.bytes_total, reverse=True)
+    return {"columns": [c.title for c in FLOW_COLUMNS], "total": len(flows),
+            "rows": [{"id": str(f.cookie), "cells": [c.text(f) for c in FLOW_COLUMNS],
+                      "keys": [c.key(f) for c in FLOW_COLUMNS], "closed": bool(f.closed_ns),
+                      "queueing_delay_ms": round(f.queueing_delay_s * 1e3, 2),
+                      "ratio": round(f.srtt_s / f.min_rtt_s, 2) if f.min_rtt_s else None}
+                     for f in flows[:limit]]}
+
+
+class LiveApp:
+    """WSGI app for everything but /metrics."""
+
+    def __init__(self, hub: Hub) -> None:
+        self.hub = hub
+        self.files = {name: (path.read_bytes(), _content_type(name)) for name, path in static_files().items()}
+        self.report_dir: Path | None = None
+
+    def __call__(self, environ: dict, start_response: Callable) -> Iterator[bytes] | list[bytes]:
+        path = environ.get("PATH_INFO", "/")
+        if environ.get("REQUEST_METHOD", "GET") not in ("GET", "HEAD"):
+            return _plain(start_response, "405 Method Not Allowed", "only GET\n", [("Allow", "GET, HEAD")])
+        if path in ("/", "/index.html"):
+            return self._file(start_response, "index.html")
+        if path.startswith("/static/"):
+            return self._file(start_response, path.removeprefix("/static/"))
+        if path == "/events":
+            return self._events(start_response)
+        if path.startswith("/report/"):
+            return self._report(start_response, path.removeprefix("/report/"))
+        return _plain(start_response, "404 Not Found", "not found\n")
+
+    def _file(self, start_response: Callable, name: str) -> list[bytes]:
+        if name not in self.files:
+            return _plain(start_response, "404 Not Found", "not found\n")
+        body, content_type = self.files[name]
+        start_response("200 OK", [("Content-Type", content_type), ("Content-Length", str(len(body))),
+                                  ("Cache-Control", "no-cache"), *_SECURITY_HEADERS])
+        return [body]
+
+    def _report(self, start_response: Callable, name: str) -> list[bytes]:
+        if self.report_dir is None or not _REPORT_FILE.match(name):
+            return _plain(start_response, "404 Not Found", "no report yet\n")
+        try:
+            body = (self.report_dir / name).read_bytes()
+        except OSError:
+            return _plain(start_response, "404 Not Found", "not found\n")
+        start_response("200 OK", [("Content-Type", _content_type(name)), ("Content-Length", str(len(body)))])
+        return [body]
+
+    def _events(self, start_response: Callable) -> Iterator[bytes] | list[bytes]:
+        try:
+            client = self.hub.connect()
+        except TooManyClients as exc:
+            return _plain(start_response, "503 Service Unavailable", f"{exc}\n", [("Retry-After", "10")])
+        start_response("200 OK", [("Content-Type", "text/event-stream"), ("Cache-Control", "no-cache"),
+                                  ("X-Accel-Buffering", "no")])
+        return self._stream(client)
+
+    def _stream(self, client) -> Iterator[bytes]:
+        try:
+            yield b"retry: 2000\n\n"
+            while True:
+                messages = client.take(KEEPALIVE_S)
+                if not messages:
+                    yield b": keepalive\n\n"
+                    continue
+                yield b"".join(messages)
+                if messages[-1] == _BYE:
+                    return
+        finally:
+            self.hub.disconnect(client)
+
+
+_BYE = event("bye", {})
+_SECURITY_HEADERS = [("X-Content-Type-Options", "nosniff"),
+                     ("Content-Security-Policy", "default-src 'self'; style-src 'self' 'unsafe-inline'")]
+
+
+def _content_type(name: str) -> str:
+    kind = mimetypes.guess_type(name)[0] or "text/plain"
+    return f"{kind}; charset=utf-8" if kind.startswith("text/") or kind.endswith("javascript") else kind
+
+
+def _plain(start_response: Callable, status: str, text: str, headers: list | None = None) -> list[bytes]:
+    body = text.encode()
+    start_response(status, [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(body))),
+                             *(headers or [])])
+    return [body]

@@ -1,0 +1,341 @@
+"""Bounded rings of recent samples per flow, and the clients of the event stream.
+
+The BPF ring-buffer consumer calls Hub.on_sample() for every sample. A sample is kept only when its flow's
+last kept point is DECIMATE_S old (so at most 20 points per flow per second), and kept as its JSON text: encoded
+once, sent to every client and to every late-joining page from the ring. A broadcaster thread batches new points
+PUSH_HZ times a second into one message for all clients.
+
+A client is a bounded queue (drop-oldest): a slow reader loses updates, counted and shown on its page as
+"lagging", and never holds up the consumer or the broadcaster, which only append. Memory is bounded by
+MAX_FLOWS x RING_POINTS points, MAX_CLIENTS x CLIENT_QUEUE messages, and MAX_RUNS finished-run curves.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from ccscope.flows import FlowFilter, FlowRecord, decode, monotonic_ns
+
+DECIMATE_S = 0.05
+DECIMATE_NS = int(DECIMATE_S * 1e9)
+RING_POINTS = 2400          # 2 minutes at 20 points/s
+MAX_FLOWS = 32              # flows with a ring; the least recently active one makes room
+PUSH_HZ = 10                # batched pushes per second per client (>= 5 updates/s on the page)
+TABLE_INTERVAL_S = 1.0      # the flows table is re-read from the kernel map once a second
+MAX_CLIENTS = 16
+CLIENT_QUEUE = 64           # messages, ~6 s of pushes; older ones are dropped first
+THROUGHPUT_WINDOW_S = 0.2   # as the report (flent's 200 ms)
+RUN_CURVE_POINTS = 600      # a finished run's cwnd curve, thinned to this many points per flow
+MAX_RUNS = 256
+PROGRESS_INTERVAL_S = 0.2
+CLOSED_KEEP_S = 60.0        # a closed flow's ring stays this long (the page can still look at it)
+
+# The thresholds of the CcscopeFlowBufferbloat alert (deploy/prometheus/rules/ccscope-alerts.yml):
+#   ccscope_flow_queueing_delay_seconds > 0.1 and ccscope_flow:srtt_over_min_rtt:ratio > 3, for: 2m
+BLOAT_QUEUEING_DELAY_S = 0.1
+BLOAT_RTT_RATIO = 3.0
+BLOAT_FOR_S = 120.0
+
+
+class TooManyClients(Exception):
+    pass
+
+
+def bufferbloat(srtt_s: float, min_rtt_s: float | None) -> bool:
+    """The alert's condition on one sample (without its `for:`)."""
+    if not min_rtt_s:
+        return False
+    return srtt_s - min_rtt_s > BLOAT_QUEUEING_DELAY_S and srtt_s / min_rtt_s > BLOAT_RTT_RATIO
+
+
+@dataclass
+class FlowRing:
+    """Recent decimated points of one flow: [t, cwnd, srtt_ms, min_rtt_ms, mbps, retransmits] as JSON text."""
+
+    cookie: int
+    info: dict
+    points: deque = field(default_factory=lambda: deque(maxlen=RING_POINTS))
+    recent: deque = field(default_factory=lambda: deque(maxlen=16))  # (t, bytes) for the throughput window
+    last_ns: int = 0
+    new: int = 0                  # points kept since the last push
+    bloat_since: float | None = None
+    closed: float | None = None   # monotonic seconds when the close was seen
+
+    def add(self, flow: FlowRecord, wall: float) -> None:
+        total = flow.bytes_total
+        mbps = 0.0
+        while len(self.recent) > 1 and wall - self.recent[1][0] >= THROUGHPUT_WINDOW_S:
+            self.recent.popleft()
+        if self.recent and wall > self.recent[0][0]:
+            mbps = (total - self.recent[0][1]) * 8 / (wall - self.recent[0][0]) / 1e6
+        self.recent.append((wall, total))
+        min_ms = None if flow.min_rtt_s is None else round(flow.min_rtt_s * 1e3, 3)
+        self.points.append(json.dumps([round(wall, 3), flow.cwnd_segments, round(flow.srtt_s * 1e3, 3), min_ms,
+                                       round(max(0.0, mbps), 3), flow.retransmits], separators=(",", ":")))
+        self.new = min(self.new + 1, RING_POINTS)
+        over = bufferbloat(flow.srtt_s, flow.min_rtt_s)
+        if not over:
+            self.bloat_since = None
+        elif self.bloat_since is None:
+            self.bloat_since = wall
+        self.info.update(cc=flow.cc, state=flow.state, bytes=total, closed=bool(flow.closed_ns), bloat=over,
+                         bloat_for_s=round(wall - self.bloat_since, 1) if over else 0.0,
+                         bloat_alert=over and wall - self.bloat_since >= BLOAT_FOR_S)
+
+    def take_new(self) -> list[str]:
+        new, self.new = self.new, 0
+        return list(itertools.islice(self.points, len(self.points) - new, None)) if new else []
+
+
+class Client:
+    """One page's bounded queue of encoded SSE messages."""
+
+    def __init__(self, ident: int) -> None:
+        self.ident = ident
+        self.queue: deque[bytes] = deque(maxlen=CLIENT_QUEUE)
+        self.dropped = 0
+        self._unreported = 0
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+
+    def put(self, message: bytes) -> None:
+        with self._lock:
+            if len(self.queue) == CLIENT_QUEUE:
+                self.dropped += 1
+                self._unreported += 1
+            self.queue.append(message)
+        self._wake.set()
+
+    def take(self, timeout: float) -> list[bytes]:
+        """Everything queued (waits up to `timeout`), led by a `lag` event when updates were dropped."""
+        self._wake.wait(timeout)
+        with self._lock:
+            self._wake.clear()
+            messages = list(self.queue)
+            self.queue.clear()
+            lost, self._unreported = self._unreported, 0
+        if lost:
+            messages.insert(0, event("lag", {"dropped": lost, "dropped_total": self.dropped}))
+        return messages
+
+
+def event(name: str, data: object) -> bytes:
+    return f"event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+
+
+class Hub:
+    """Samples in (any thread), messages out to every client (broadcaster thread)."""
+
+    def __init__(self, *, flow_filter: FlowFilter | None = None, table_source: Callable[[], list[FlowRecord]]
+                 | None = None, table_rows: Callable[[list[FlowRecord]], list[dict]] | None = None,
+                 on_clients: Callable[[int], None] | None = None, mode: str = "daemon") -> None:
+        self.flow_filter = flow_filter or FlowFilter()
+        self.mode = mode
+        self._table_source = table_source
+        self._table_rows = table_rows or (lambda flows: {})
+        self.on_clients = on_clients
+        self._lock = threading.Lock()
+        self._rings: dict[int, FlowRing] = {}
+        self._skipped: set[int] = set()  # cookies the filter refused (decoded once, then cheap)
+        self._clients: dict[int, Client] = {}
+        self._ids = itertools.count(1)
+        self._wall_offset = time.time() - monotonic_ns() / 1e9
+        self._table: dict = {}
+        self._table_at = 0.0
+        self.scenario: dict = {}
+        self.runs: deque[dict] = deque(maxlen=MAX_RUNS)
+        self._run_label: str | None = None
+        self._run_t0 = 0.0
+        self._run_cookies: list[int] = []
+        self._progress_at = 0.0
+        self.samples_in = 0
+        self.points_kept = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._broadcast_loop, name="ccscope-live", daemon=True)
+        self._thread.start()
+
+    # --- input -------------------------------------------------------------------------------------
+
+    def on_sample(self, raw) -> None:
+        """From the ring-buffer consumer: decimate first, decode only what is kept."""
+        self.samples_in += 1
+        cookie = raw.cookie
+        ring = self._rings.get(cookie)
+        if ring is not None and raw.last_ns - ring.last_ns < DECIMATE_NS and not raw.closed_ns:
+            return
+        if ring is None and cookie in self._skipped:
+            return
+        flow = decode(raw)
+        with self._lock:
+            if ring is None:
+                if not self.flow_filter.matches(flow):
+                    if len(self._skipped) > 65536:
+                        self._skipped.clear()
+                    self._skipped.add(cookie)
+                    return
+                ring = self._new_ring(flow)
+            ring.last_ns = raw.last_ns
+            ring.add(flow, raw.last_ns / 1e9 + self._wall_offset)
+            if raw.closed_ns and ring.closed is None:
+                ring.closed = time.monotonic()
+            self.points_kept += 1
+
+    def _new_ring(self, flow: FlowRecord) -> FlowRing:
+        if len(self._rings) >= MAX_FLOWS:
+            oldest = min(self._rings.values(), key=lambda r: (r.closed is None, r.last_ns))
+            del self._rings[oldest.cookie]
+        ring = FlowRing(flow.cookie, {"id": str(flow.cookie), "flow": flow.name, "netns": flow.netns,
+                                      "cc": flow.cc, "sport": flow.sport, "dport": flow.dport,
+                                      "run": self._run_label})
+        self._rings[flow.cookie] = ring
+        if self._run_label is not None:
+            self._run_cookies.append(flow.cookie)
+        return ring
+
+    # --- scenario ------------------------------------------------------------------------------------
+
+    def scenario_plan(self, name: str, profiles: list[str], algorithms: list[str], total: int) -> None:
+        self._scenario_update("plan", {"scenario": name, "profiles": profiles, "algorithms": algorithms,
+                                       "total": total})
+
+    def scenario_event(self, kind: str, data: dict) -> None:
+        """From the scenario's progress: `note`, `run` (one starts), `progress`, `done` (one finished)."""
+        if kind == "progress":
+            now = time.monotonic()
+            if now - self._progress_at < PROGRESS_INTERVAL_S:
+                return
+            self._progress_at = now
+        if kind == "run":
+            data = {**data, "t0": round(time.time(), 3), "elapsed_s": 0.0}
+            self._run_label, self._run_t0, self._run_cookies = data["label"], data["t0"], []
+        if kind == "done":
+            finished = {**data, "profile": self.scenario.get("profile"), "repetition": self.scenario.get("repetition"),
+                        "flows": self._run_curves()}
+            with self._lock:
+                self.runs.append(finished)
+            self._send_all(event("run", finished))
+            self._run_label = None
+        self._scenario_update(kind, data)
+
+    def scenario_report(self, path: str, url: str) -> None:
+        self._scenario_update("report", {"report": path, "report_url": url})
+
+    def _scenario_update(self, phase: str, data: dict) -> None:
+        with self._lock:
+            self.scenario.update(data)
+            self.scenario["phase"] = phase
+            message = event("scenario", self.scenario)
+        self._send_all(message)
+
+    def _run_curves(self) -> list[dict]:
+        """cwnd of the finished run's busy flows (>= 10% of the busiest's bytes), time from the run's start."""
+        with self._lock:
+            rings = [self._rings[c] for c in self._run_cookies if c in self._rings]
+        most = max((r.info.get("bytes", 0) for r in rings), default=0)
+        curves = []
+        for ring in rings:
+            if not ring.points or ring.info.get("bytes", 0) < 0.1 * most:
+                continue
+            points = thin((json.loads(p) for p in ring.points), RUN_CURVE_POINTS)
+            curves.append({"cc": ring.info["cc"], "flow": ring.info["flow"],
+                           "t": [round(p[0] - self._run_t0, 3) for p in points], "cwnd": [p[1] for p in points]})
+        return curves
+
+    # --- clients ---------------------------------------------------------------------------------------
+
+    def connect(self) -> Client:
+        with self._lock:
+            if len(self._clients) >= MAX_CLIENTS:
+                raise TooManyClients(f"{MAX_CLIENTS} live pages are open already")
+            client = Client(next(self._ids))
+            self._clients[client.ident] = client
+            count = len(self._clients)
+            client.put(self._hello())
+        if self.on_clients:
+            self.on_clients(count)
+        return client
+
+    def disconnect(self, client: Client) -> None:
+        with self._lock:
+            self._clients.pop(client.ident, None)
+            count = len(self._clients)
+        if self.on_clients:
+            self.on_clients(count)
+
+    @property
+    def client_count(self) -> int:
+        return len(self._clients)
+
+    def _hello(self) -> bytes:
+        """Everything a page needs when it (re)connects: the rings, the table, the scenario so far."""
+        flows = [{**r.info, "points": f"[{','.join(r.points)}]"} for r in self._rings.values()]
+        body = json.dumps({"mode": self.mode, "push_hz": PUSH_HZ, "ring_points": RING_POINTS,
+                           "flows": [{k: v for k, v in f.items() if k != "points"} for f in flows],
+                           "table": self._table, "scenario": self.scenario, "runs": list(self.runs),
+                           "bloat": {"queueing_delay_s": BLOAT_QUEUEING_DELAY_S, "ratio": BLOAT_RTT_RATIO,
+                                     "for_s": BLOAT_FOR_S}}, separators=(",", ":"))
+        # the points are JSON text already: spliced in, not decoded and encoded again
+        history = ",".join(f'"{f["id"]}":{f["points"]}' for f in flows)
+        return f"event: hello\ndata: {body[:-1]},\"history\":{{{history}}}}}\n\n".encode()
+
+    # --- broadcasting ----------------------------------------------------------------------------------
+
+    def _broadcast_loop(self) -> None:
+        period = 1.0 / PUSH_HZ
+        next_at = time.monotonic()
+        while not self._stop.wait(max(0.0, next_at - time.monotonic())):
+            next_at += period
+            if time.monotonic() > next_at + 1.0:  # fell behind (suspended, overloaded): do not catch up in a burst
+                next_at = time.monotonic() + period
+            if not self._clients:
+                continue
+            self.tick()
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._expire(now)
+            parts = []
+            for ring in self._rings.values():
+                new = ring.take_new()
+                if new:
+                    parts.append(f'"{ring.cookie}":{{"info":{json.dumps(ring.info, separators=(",", ":"))},'
+                                 f'"points":[{",".join(new)}]}}')
+        if parts:
+            self._send_all(f"event: points\ndata: {{{','.join(parts)}}}\n\n".encode())
+        if self._table_source and now - self._table_at >= TABLE_INTERVAL_S:
+            self._table_at = now
+            self._table = self._table_rows(self._table_source())
+            self._send_all(event("table", self._table))
+
+    def _expire(self, now: float) -> None:
+        for cookie in [c for c, r in self._rings.items() if r.closed is not None and now - r.closed > CLOSED_KEEP_S]:
+            del self._rings[cookie]
+
+    def _send_all(self, message: bytes) -> None:
+        for client in list(self._clients.values()):
+            client.put(message)
+
+    def stats(self) -> dict:
+        return {"clients": len(self._clients), "flows": len(self._rings), "samples_in": self.samples_in,
+                "points_kept": self.points_kept, "dropped": sum(c.dropped for c in self._clients.values())}
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        for client in list(self._clients.values()):
+            client.put(event("bye", {}))
+
+
+def thin(values: Iterable, limit: int) -> list:
+    values = list(values)
+    if len(values) <= limit:
+        return values
+    step = len(values) / limit
+    return [values[int(i * step)] for i in range(limit)] + [values[-1]]
