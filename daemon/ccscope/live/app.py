@@ -114,7 +114,8 @@ class LiveApp:
 
 _BYE = event("bye", {})
 _SECURITY_HEADERS = [("X-Content-Type-Options", "nosniff"),
-                     ("Content-Security-Policy", "default-src 'self'; style-src 'self' 'unsafe-inline'")]
+                     ("Content-Security-Policy",
+                      "default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:")]
 
 
 def _content_type(name: str) -> str:

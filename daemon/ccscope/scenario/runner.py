@@ -94,7 +94,8 @@ def default_out(scenario: Scenario) -> Path:
     return Path("results") / f"{scenario.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
-def run(scenario: Scenario, options: Options) -> tuple[Path, dict]:
+def run(scenario: Scenario, options: Options, finish=None) -> tuple[Path, dict]:
+    """`finish(out, doc)`, if given, runs while the live page is still served and returns the report's path."""
     check_prerequisites()
     scenario, skipped = select_algorithms(scenario, options.skip_unavailable)
     from ccscope.emulation.testbed import Testbed  # noqa: F401  (fail before creating anything)
@@ -107,10 +108,14 @@ def run(scenario: Scenario, options: Options) -> tuple[Path, dict]:
         print(f"ccscope: {name} is not available in this kernel; running without it", file=sys.stderr)
     (out / "flows").mkdir(parents=True, exist_ok=True)
     doc = results.new_document(scenario, units, skipped, options.quick)
-    with _telemetry(scenario, options) as (recorder, collector, endpoint):
+    with _telemetry(scenario, options) as (recorder, collector, endpoint, live):
         if endpoint:
-            print(f"ccscope: live per-flow telemetry on http://{endpoint}/metrics", file=sys.stderr)
-        progress = Progress(len(units), planned_seconds(scenario))
+            print(f"ccscope: live page http://{endpoint}/ (Prometheus: http://{endpoint}/metrics)",
+                  file=sys.stderr, flush=True)
+        if live:
+            live.hub.scenario_plan(scenario.name, list(scenario.profiles),
+                                   [mix_label(m) for m in scenario.algorithms], len(units))
+        progress = Progress(len(units), planned_seconds(scenario), listener=live and live.hub.scenario_event)
         verified: set[str] = set()
         for position, unit in enumerate(units, 1):
             record = _run_unit(scenario, unit, position, out, recorder, collector, progress, options,
@@ -118,11 +123,16 @@ def run(scenario: Scenario, options: Options) -> tuple[Path, dict]:
             verified.add(unit.profile)
             doc["runs"].append(record)
             progress.done(record)
-    doc["finished_at"] = _now_iso()
-    doc["summary"] = analysis.summarize(doc["runs"], scenario)
-    doc["errors"] += [f"{r['label']}: {e}" for r in doc["runs"] for e in r["errors"]]
-    results.validate(doc)
-    results.write(out, doc)
+        doc["finished_at"] = _now_iso()
+        doc["summary"] = analysis.summarize(doc["runs"], scenario)
+        doc["errors"] += [f"{r['label']}: {e}" for r in doc["runs"] for e in r["errors"]]
+        results.validate(doc)
+        results.write(out, doc)
+        if finish:
+            report = finish(out, doc)
+            if live:
+                live.report_dir = out
+                live.hub.scenario_report(str(report), f"report/{report.name}")
     return out, doc
 
 
@@ -141,23 +151,41 @@ def _telemetry(scenario: Scenario, options: Options):
     with TelemetryProbe(probe_options) as probe:
         table = FlowTable(probe, grace_s=5.0)
         collector = FlowCollector(table, FlowSelection("all"), FlowFilter(netns={0}))
-        server = None
+        server = live = None
         if listen:
             registry = CollectorRegistry()
             registry.register(collector)
+            live = _live_page(table, collector)
             try:
-                server = MetricsServer(registry, *listen)
+                server = MetricsServer(registry, *listen, live=live)
             except PrerequisiteError as exc:
+                live.hub.close()
+                live = None
                 if options.listen_explicit:
                     raise
                 print(f"ccscope: live endpoint off: {exc.line()}", file=sys.stderr)
-        recorder = Recorder(probe)
+        recorder = Recorder(probe, listener=live.hub.on_sample if live else None)
         try:
-            yield recorder, collector, options.listen if server else None
+            yield recorder, collector, options.listen if server else None, live
         finally:
             recorder.close()
+            if live:
+                live.hub.close()
             if server:
                 server.close()
+
+
+def _live_page(table, collector):
+    from ccscope.live.app import LiveApp, table_rows
+    from ccscope.live.hub import Hub
+
+    hub = Hub(mode="scenario", table_rows=table_rows,
+              table_source=lambda: [f for f in table.snapshot() if collector.filter.matches(f)])
+    try:
+        return LiveApp(hub)
+    except PrerequisiteError:
+        hub.close()
+        raise
 
 
 def _run_unit(scenario: Scenario, unit: Unit, position: int, out: Path, recorder: Recorder, collector,
@@ -191,7 +219,8 @@ def _run_unit(scenario: Scenario, unit: Unit, position: int, out: Path, recorder
         link_before = tb.link_stats()  # the verify probe above went through the same queues
         recorder.start(netns)
         record["started_at"] = _now_iso()
-        progress.start(position, unit.label)
+        progress.start(position, unit.label, profile=unit.profile, algorithm=mix_label(unit.mix),
+                       repetition=unit.repetition)
         traffic = run_traffic(tb, scenario, unit.mix, progress.update)
         series = recorder.stop()
         record["link"] = _link_delta(tb.link_stats(), link_before)

@@ -12,7 +12,7 @@
   const state = {
     mode: "daemon", ringPoints: 2400, bloat: { queueing_delay_s: 0.1, ratio: 3, for_s: 120 },
     flows: {},              // id -> {info, cols: [t[], cwnd[], srtt[], minrtt[], mbps[], retrans[]], received}
-    pointsReceived: 0, messages: 0, chartUpdates: 0, dropped: 0, lagUntil: 0,
+    pointsReceived: 0, messages: 0, pushTimes: [], chartUpdates: 0, dropped: 0, lagUntil: 0,
     table: { columns: [], rows: [], total: 0 }, sortCol: null, sortDesc: true, filter: "",
     selected: new Set(), charted: [],
     scenario: {}, runs: [], algColors: {},
@@ -43,6 +43,8 @@
     renderScenario(); markDirty();
   });
   on("points", (d) => {
+    state.pushTimes.push(performance.now());
+    if (state.pushTimes.length > 100) state.pushTimes.shift();
     for (const [id, f] of Object.entries(d)) addPoints(id, f.info, f.points);
     markDirty();
   });
@@ -161,7 +163,7 @@
   // --- flows table --------------------------------------------------------------------------------------
 
   function setTable(table) {
-    state.table = table || { columns: [], rows: [], total: 0 };
+    state.table = table && table.columns ? table : { columns: [], rows: [], total: 0 };
     if (state.sortCol === null) state.sortCol = state.table.columns.indexOf("BYTES");
     renderTable();
   }
@@ -266,11 +268,11 @@
     $("scenario").hidden = false;
     $("sc-name").textContent = sc.scenario || "";
     (sc.algorithms || []).forEach(algColor);
-    if (sc.label) {
+    if (sc.phase === "note" || !sc.label) {
+      $("sc-label").textContent = sc.note || "starting…";
+    } else {
       $("sc-label").textContent = `run ${sc.position}/${sc.total}: profile ${sc.profile}, ${sc.algorithm}, `
         + `repetition ${sc.repetition}${sc.phase === "done" ? " (finished)" : ""}`;
-    } else {
-      $("sc-label").textContent = sc.note || "starting…";
     }
     const fraction = sc.planned_s ? Math.min(1, (sc.elapsed_s || 0) / sc.planned_s) : 0;
     $("sc-progress").value = fraction;
@@ -297,7 +299,7 @@
 
   function currentRunCurves(profile) {
     const sc = state.scenario;
-    if (!sc.label || sc.profile !== profile) return [];
+    if (!sc.label || sc.profile !== profile || !["run", "progress"].includes(sc.phase)) return [];
     const flows = Object.values(state.flows).filter((f) => f.info.run === sc.label);
     const most = Math.max(0, ...flows.map((f) => f.info.bytes || 0));
     return flows.filter((f) => (f.info.bytes || 0) >= 0.1 * most && f.cols[0].length).map((f) => ({

@@ -1,0 +1,273 @@
+"""The live page in a real browser (headless Chromium), fed by the real BPF probe: a `ccscope daemon` watching an
+iperf3 flow through a namespace link, and a short `ccscope scenario` run. Plus the hub's bounds, without a browser.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import json
+import statistics
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from ccscope.live import hub as hubmod
+from ccscope.live import vendor
+from ccscope.live.app import LiveApp
+from ccscope.live.hub import Hub, TooManyClients
+from livehelpers import artifacts_dir, chromium, console_errors, require_browser, screenshot, wait_js
+from nethelpers import Link, free_port, run, wait_port
+from prereqs import ROOT, require, require_bpf_object, require_root, require_tools
+
+USER, PASSWORD = "viewer", "s3cret-live"
+LINK_RATE_MBPS = 30
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "ccscope.cli", *args]
+
+
+def _live_prerequisites() -> None:
+    require_root()
+    require_bpf_object()
+    require_tools("ip", "tc", "iperf3", "ss")
+    require(not vendor.missing_files(), "live page assets not built: make assets")
+    require_browser()
+
+
+def _get(url: str, auth: tuple[str, str] | None = None, timeout: float = 5) -> tuple[int, bytes]:
+    request = urllib.request.Request(url)
+    if auth:
+        request.add_header("Authorization", "Basic " + base64.b64encode(":".join(auth).encode()).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.read(4096)
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+@contextlib.contextmanager
+def _process(argv: list[str], ready: str) -> Iterator[tuple[subprocess.Popen, str]]:
+    """A ccscope subprocess, until the stderr line containing `ready`; stopped with SIGTERM at the end."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        seen = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            if not line:
+                break
+            seen.append(line)
+            if ready in line:
+                yield proc, line
+                return
+        raise AssertionError(f"{argv[3]} never printed {ready!r}: {''.join(seen)}")
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+def link() -> Iterator[Link]:
+    _live_prerequisites()
+    created = Link.create(net="198.18.12")
+    try:
+        yield created
+    finally:
+        created.close()
+
+
+# --- the daemon's page, a real flow -----------------------------------------------------------------------------------
+
+
+def test_daemon_page_charts_a_live_iperf3_flow(link: Link, tmp_path: Path) -> None:
+    users = tmp_path / "users"
+    users.write_text(f"{USER}:{hashlib.sha256(PASSWORD.encode()).hexdigest()}\n")
+    port, iperf_port = free_port(), free_port()
+    link.shape(rate=f"{LINK_RATE_MBPS}mbit", burst="32kb", limit="96kb")
+    server = link.popen(link.b, "iperf3", "-s", "-1", "-p", str(iperf_port), stdout=subprocess.DEVNULL)
+    client = None
+    argv = _cli("daemon", "--listen", f"127.0.0.1:{port}", "--basic-auth-file", str(users),
+                "--netns", str(link.inode_a))
+    try:
+        with _process(argv, "serving") as (_, line), chromium() as driver:
+            assert f"live page http://127.0.0.1:{port}/" in line
+            base = f"http://127.0.0.1:{port}"
+            # Basic auth guards the page, its stream and /metrics alike
+            for path in ("/", "/events", "/static/live.js", "/metrics"):
+                assert _get(base + path)[0] == 401, path
+                assert _get(base + path, ("nobody", PASSWORD))[0] == 401, path
+            status, body = _get(base + "/", (USER, PASSWORD))
+            assert status == 200 and b"ccscope live" in body
+            assert _get(base + "/nope", (USER, PASSWORD))[0] == 404
+
+            wait_port(iperf_port, link.b)
+            client = link.popen(link.a, "iperf3", "-c", link.addr_b, "-p", str(iperf_port), "-t", "15", "-C",
+                                "cubic", stdout=subprocess.DEVNULL)
+            local_port = _data_connection_port(link, iperf_port)
+            driver.get(f"http://{USER}:{PASSWORD}@127.0.0.1:{port}/")
+            opened = time.monotonic()
+            charted = wait_js(driver, f"""(() => {{
+                const s = window.ccscopeLive;
+                const id = Object.keys(s.flows).find((k) => s.flows[k].info.sport === {local_port});
+                const row = id && document.querySelector(`#flows tr[data-id="${{id}}"]`);
+                return id && row && s.charted.includes(id) && s.flows[id].received > 0
+                  && Number(document.body.dataset.chartPoints) > 0 ? id : null; }})()""", timeout=2.0)
+            waited = time.monotonic() - opened
+            assert charted, f"the flow (local port {local_port}) was not charted within 2 s of opening the page"
+            print(f"flow charted {waited:.2f} s after the page opened")
+
+            # a few seconds of pushes, then the numbers
+            wait_js(driver, f"window.ccscopeLive.flows['{charted}'].received >= 40", timeout=10)
+            flow = driver.execute_script(f"return window.ccscopeLive.flows['{charted}'];")
+            info, (times, cwnd, srtt, min_rtt, mbps, _) = flow["info"], flow["cols"]
+            assert info["cc"] == "cubic" and info["netns"] == link.inode_a and info["dport"] == iperf_port
+            assert times == sorted(times) and abs(times[-1] - time.time()) < 5  # wall clock, fresh
+            assert min(cwnd) >= 1 and max(cwnd) >= 10
+            assert all(s >= m for s, m in zip(srtt, min_rtt, strict=True) if m is not None)
+            # throughput (bytes acked over 200 ms windows) against the tbf rate of the link
+            settled = statistics.median(mbps[-20:])
+            assert 0.5 * LINK_RATE_MBPS <= settled <= 1.1 * LINK_RATE_MBPS, mbps[-20:]
+            # pushes: at least 5 a second (median gap between `points` messages)
+            gaps = driver.execute_script(
+                "const t = window.ccscopeLive.pushTimes; return t.slice(1).map((v, i) => v - t[i]);")
+            assert len(gaps) >= 10 and statistics.median(gaps) <= 200, gaps
+            # the table row: the same columns as `ccscope flows`, with the threshold state of the alert
+            header = driver.execute_script(
+                "return [...document.querySelectorAll('#flows thead th')].map((th) => th.textContent);")
+            assert header[1:13] == ["FLOW", "NETNS", "CC", "STATE", "CWND", "SSTHR", "SRTT", "MINRTT", "DELIVERY",
+                                    "PACING", "BYTES", "RETRANS"] and header[13] == "BUFFERBLOAT"
+            bloat = driver.execute_script(
+                f"return document.querySelector('#flows tr[data-id=\"{charted}\"] td[data-bloat]').dataset.bloat;")
+            assert bloat in ("ok", "over", "alert")
+            # the filter hides other rows, sorting by a header click reorders
+            driver.execute_script("const f = document.getElementById('filter'); f.value = arguments[0];"
+                                  "f.dispatchEvent(new Event('input'));", str(local_port))
+            rows = driver.execute_script("return [...document.querySelectorAll('#flows tbody tr')]"
+                                         ".map((tr) => tr.dataset.id);")
+            assert rows == [charted]
+            screenshot(driver, artifacts_dir(tmp_path), "live-daemon.png")
+            assert console_errors(driver) == []
+    finally:
+        for proc in (client, server):
+            if proc is not None:
+                proc.kill()
+                proc.wait()
+
+
+def _data_connection_port(link: Link, port: int) -> int:
+    """iperf3's data connection: of its two connections to `port`, the one with the most bytes acked (ss)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        out = run("ip", "netns", "exec", link.a, "ss", "-tinH", f"dport = :{port}", check=False).stdout
+        best, port_of = -1, None
+        lines = out.splitlines()
+        for head, detail in zip(lines[::2], lines[1::2], strict=False):
+            acked = int(detail.split("bytes_acked:")[1].split()[0]) if "bytes_acked:" in detail else 0
+            if acked > best:
+                best, port_of = acked, int(head.split()[3].rsplit(":", 1)[1])
+        if best > 100_000:
+            return port_of
+        time.sleep(0.1)
+    raise AssertionError(f"no iperf3 data connection to port {port}")
+
+
+# --- a scenario's progress --------------------------------------------------------------------------------------------
+
+
+def test_scenario_page_shows_progress_and_finished_runs(tmp_path: Path) -> None:
+    _live_prerequisites()
+    scenario = tmp_path / "live-mini.yaml"
+    scenario.write_text(yaml.safe_dump({
+        "name": "live-mini", "algorithms": ["cubic", "reno"], "duration": "4s", "warmup": "1s", "runs": 1,
+        "profiles": {"short": {"rate": "20mbit", "delay": "5ms"}}, "traffic": {"bulk": {"flows": 1}}}))
+    out, port = tmp_path / "out", free_port()
+    argv = _cli("scenario", "run", str(scenario), "--no-verify", "--listen", f"127.0.0.1:{port}", "--out", str(out))
+    with _process(argv, "live page") as (proc, line), chromium() as driver:
+        assert f"http://127.0.0.1:{port}/" in line
+        driver.get(f"http://127.0.0.1:{port}/")
+        assert wait_js(driver, "Number(document.body.dataset.scenarioRun) >= 1 "
+                               "&& Number(document.body.dataset.scenarioProgress) > 0", timeout=30)
+        label = driver.find_element("id", "sc-label").text
+        assert "profile short" in label and ("cubic" in label or "reno" in label), label
+        # the second run in progress, drawn over the first one's finished curve
+        assert wait_js(driver, "Number(document.body.dataset.runsFinished) >= 1 "
+                               "&& Number(document.body.dataset.scenarioCurves) >= 2", timeout=40), \
+            driver.execute_script("const s = window.ccscopeLive; return [document.body.dataset, s.scenario, "
+                                  "Object.values(s.flows).map((f) => [f.info, f.cols[0].length])];")
+        wait_js(driver, "Number(document.body.dataset.scenarioProgress) >= 0.5", timeout=10)
+        shot = screenshot(driver, artifacts_dir(tmp_path), "live-scenario.png")
+        runs = driver.execute_script("return window.ccscopeLive.runs;")
+        [curve] = runs[0]["flows"]
+        assert curve["cc"] in ("cubic", "reno") and max(curve["cwnd"]) >= 10
+        assert 3.0 <= curve["t"][-1] - curve["t"][0] <= 8.0  # a 4 s flow (plus its close)
+        # the report link once written
+        assert wait_js(driver, "window.ccscopeLive.scenario.report_url", timeout=60) == "report/report.html"
+        final_runs = driver.execute_script("return window.ccscopeLive.runs;")
+        assert proc.wait(timeout=60) == 0
+        assert console_errors(driver) == []
+    assert (out / "report.html").is_file() and shot.is_file()
+    doc = json.loads((out / "results.json").read_text())
+    page_runs = [r["label"] for r in final_runs]
+    assert sorted(page_runs) == sorted(r["label"] for r in doc["runs"]), page_runs
+
+
+# --- the hub's bounds (no browser, no kernel) ---------------------------------------------------------------------
+
+
+def test_slow_client_loses_oldest_updates_and_is_told() -> None:
+    hub = Hub()
+    try:
+        slow = hub.connect()
+        for i in range(hubmod.CLIENT_QUEUE * 5):
+            slow.put(hubmod.event("points", {"n": i}))
+        assert len(slow.queue) == hubmod.CLIENT_QUEUE  # bounded memory
+        messages = slow.take(0)
+        assert messages[0].startswith(b"event: lag")
+        lag = json.loads(messages[0].split(b"data: ")[1])
+        assert lag["dropped"] == hubmod.CLIENT_QUEUE * 5 + 1 - hubmod.CLIENT_QUEUE  # + the hello
+        assert json.loads(messages[-1].split(b"data: ")[1]) == {"n": hubmod.CLIENT_QUEUE * 5 - 1}  # newest kept
+        assert not slow.take(0)  # told once
+    finally:
+        hub.close()
+
+
+def test_client_limit_answers_503() -> None:
+    require(not vendor.missing_files(), "live page assets not built: make assets")
+    hub = Hub()
+    app = LiveApp(hub)
+    try:
+        clients = [hub.connect() for _ in range(hubmod.MAX_CLIENTS)]
+        with pytest.raises(TooManyClients):
+            hub.connect()
+        statuses = []
+        app({"PATH_INFO": "/events", "REQUEST_METHOD": "GET"}, lambda status, headers: statuses.append(status))
+        assert statuses == ["503 Service Unavailable"]
+        hub.disconnect(clients[0])
+        assert hub.client_count == hubmod.MAX_CLIENTS - 1
+    finally:
+        hub.close()
+
+
+def test_bufferbloat_thresholds_are_the_alert_rules() -> None:
+    rules = yaml.safe_load((ROOT / "deploy/prometheus/rules/ccscope-alerts.yml").read_text())
+    [alert] = [r for g in rules["groups"] for r in g["rules"] if r.get("alert") == "CcscopeFlowBufferbloat"]
+    expr = " ".join(alert["expr"].split())
+    assert expr == (f"ccscope_flow_queueing_delay_seconds > {hubmod.BLOAT_QUEUEING_DELAY_S:g} and "
+                    f"ccscope_flow:srtt_over_min_rtt:ratio > {hubmod.BLOAT_RTT_RATIO:g}")
+    assert alert["for"] == f"{hubmod.BLOAT_FOR_S / 60:g}m"
+    assert hubmod.bufferbloat(0.250, 0.050) and not hubmod.bufferbloat(0.140, 0.050)  # ratio 5 / ratio 2.8
+    assert not hubmod.bufferbloat(0.650, 0.600)  # satellite: 50 ms of queue, ratio 1.08
