@@ -235,8 +235,11 @@ class TelemetryProbe:
             totals[counter] = sum(values)
         return totals
 
-    def ring_buffer(self, handler: Callable[[bt.FlowTuple], None]) -> RingBuffer:
-        """Samples reach `handler` as bt.FlowTuple (fields named as in struct flow)."""
+    def ring_buffer(self, handler: Callable[[bt.FlowTuple], None], raw: bool = False) -> RingBuffer:
+        """Samples reach `handler` as bt.FlowTuple (fields named as in struct flow), or as the struct's bytes
+        with raw=True (for consumers that skip most samples before unpacking them)."""
+        if raw:
+            return RingBuffer(self.libbpf, self._maps["samples"], handler)
         return RingBuffer(self.libbpf, self._maps["samples"], lambda data: handler(bt.unpack_flow(data)))
 
     def program_fds(self) -> dict[str, int]:

@@ -14,27 +14,35 @@ from __future__ import annotations
 
 import itertools
 import json
+import struct
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from ccscope.flows import FlowFilter, FlowRecord, decode, monotonic_ns
+from ccscope import bpf_types as bt
+from ccscope.flows import TCP_STATES, FlowFilter, FlowRecord, decode, monotonic_ns
 
 DECIMATE_S = 0.05
 DECIMATE_NS = int(DECIMATE_S * 1e9)
 RING_POINTS = 2400          # 2 minutes at 20 points/s
 MAX_FLOWS = 32              # flows with a ring; the least recently active one makes room
 PUSH_HZ = 10                # batched pushes per second per client (>= 5 updates/s on the page)
-TABLE_INTERVAL_S = 1.0      # the flows table is re-read from the kernel map once a second
+TABLE_INTERVAL_S = 1.0      # the flows table is re-read from the kernel map once a second,
+TABLE_COST_FACTOR = 100     # or less often, so that reading it costs at most 1% of a core
 MAX_CLIENTS = 16
 CLIENT_QUEUE = 64           # messages, ~6 s of pushes; older ones are dropped first
 THROUGHPUT_WINDOW_S = 0.2   # as the report (flent's 200 ms)
 RUN_CURVE_POINTS = 600      # a finished run's cwnd curve, thinned to this many points per flow
 MAX_RUNS = 256
 PROGRESS_INTERVAL_S = 0.2
+IDLE_NS = 10 * 10**9        # a flow without samples this long gives its ring up to a new one
+MAX_SKIPPED = 65536
+SKIPPED_CLEAR_S = 10.0      # flows refused a ring (or by the filter) are looked at again this often
 CLOSED_KEEP_S = 60.0        # a closed flow's ring stays this long (the page can still look at it)
+
+_HEAD = struct.Struct("=QQQQ")  # struct flow's first fields: cookie, first_ns, last_ns, closed_ns
 
 # The thresholds of the CcscopeFlowBufferbloat alert (deploy/prometheus/rules/ccscope-alerts.yml):
 #   ccscope_flow_queueing_delay_seconds > 0.1 and ccscope_flow:srtt_over_min_rtt:ratio > 3, for: 2m
@@ -64,29 +72,49 @@ class FlowRing:
     recent: deque = field(default_factory=lambda: deque(maxlen=16))  # (t, bytes) for the throughput window
     last_ns: int = 0
     new: int = 0                  # points kept since the last push
+    ca_name: bytes = b""
+    bytes: int = 0
+    sk_state: int = 0
+    closed_ns: int = 0
+    over: bool = False
+    wall: float = 0.0
+    sent_info: bool = False
     bloat_since: float | None = None
     closed: float | None = None   # monotonic seconds when the close was seen
 
-    def add(self, flow: FlowRecord, wall: float) -> None:
-        total = flow.bytes_total
+    def add(self, raw, wall: float) -> None:
+        """One kept sample, read from the raw struct: a full decode() per point would cost more than all else."""
+        total = raw.bytes_acked + raw.bytes_received
         mbps = 0.0
         while len(self.recent) > 1 and wall - self.recent[1][0] >= THROUGHPUT_WINDOW_S:
             self.recent.popleft()
         if self.recent and wall > self.recent[0][0]:
             mbps = (total - self.recent[0][1]) * 8 / (wall - self.recent[0][0]) / 1e6
         self.recent.append((wall, total))
-        min_ms = None if flow.min_rtt_s is None else round(flow.min_rtt_s * 1e3, 3)
-        self.points.append(json.dumps([round(wall, 3), flow.cwnd_segments, round(flow.srtt_s * 1e3, 3), min_ms,
-                                       round(max(0.0, mbps), 3), flow.retransmits], separators=(",", ":")))
+        srtt_s = raw.srtt_us / 1e6
+        min_rtt_s = None if raw.min_rtt_us in (0, 0xFFFFFFFF) else raw.min_rtt_us / 1e6
+        self.points.append(f"[{wall:.3f},{raw.snd_cwnd},{raw.srtt_us / 1e3:.3f},"
+                           f"{'null' if min_rtt_s is None else f'{raw.min_rtt_us / 1e3:.3f}'},{max(0.0, mbps):.3f},"
+                           f"{raw.total_retrans}]")
         self.new = min(self.new + 1, RING_POINTS)
-        over = bufferbloat(flow.srtt_s, flow.min_rtt_s)
+        over = bufferbloat(srtt_s, min_rtt_s)
         if not over:
             self.bloat_since = None
         elif self.bloat_since is None:
             self.bloat_since = wall
-        self.info.update(cc=flow.cc, state=flow.state, bytes=total, closed=bool(flow.closed_ns), bloat=over,
-                         bloat_for_s=round(wall - self.bloat_since, 1) if over else 0.0,
-                         bloat_alert=over and wall - self.bloat_since >= BLOAT_FOR_S)
+        self.bytes, self.sk_state, self.closed_ns, self.over = total, raw.sk_state, raw.closed_ns, over
+        if raw.ca_name != self.ca_name:
+            self.ca_name = raw.ca_name
+            self.info["cc"] = raw.ca_name.split(b"\0", 1)[0].decode(errors="replace") or "unknown"
+        self.wall = wall
+
+    def refresh_info(self) -> dict:
+        """The slowly changing part, sent once a second (not with every push)."""
+        over_for = self.wall - self.bloat_since if self.over and self.bloat_since is not None else 0.0
+        self.info.update(state=TCP_STATES.get(self.sk_state, str(self.sk_state)), bytes=self.bytes,
+                         closed=bool(self.closed_ns), bloat=self.over, bloat_for_s=round(over_for, 1),
+                         bloat_alert=over_for >= BLOAT_FOR_S)
+        return self.info
 
     def take_new(self) -> list[str]:
         new, self.new = self.new, 0
@@ -142,12 +170,15 @@ class Hub:
         self.on_clients = on_clients
         self._lock = threading.Lock()
         self._rings: dict[int, FlowRing] = {}
-        self._skipped: set[int] = set()  # cookies the filter refused (decoded once, then cheap)
+        self._skipped: set[int] = set()  # cookies refused by the filter or for want of a ring (cheap to skip)
+        self._skipped_at = time.monotonic()
         self._clients: dict[int, Client] = {}
         self._ids = itertools.count(1)
         self._wall_offset = time.time() - monotonic_ns() / 1e9
         self._table: dict = {}
         self._table_at = 0.0
+        self._table_read_at = 0.0
+        self._table_every = TABLE_INTERVAL_S
         self.scenario: dict = {}
         self.runs: deque[dict] = deque(maxlen=MAX_RUNS)
         self._run_label: str | None = None
@@ -162,33 +193,54 @@ class Hub:
 
     # --- input -------------------------------------------------------------------------------------
 
+    def on_record(self, data: bytes) -> None:
+        """A raw ring-buffer record: most are decimated away on the header alone, before any unpacking."""
+        cookie, _, last_ns, closed_ns = _HEAD.unpack_from(data)
+        if self._wanted(cookie, last_ns, closed_ns):
+            self._keep(bt.unpack_flow(data))
+
     def on_sample(self, raw) -> None:
-        """From the ring-buffer consumer: decimate first, decode only what is kept."""
+        """An unpacked sample (the scenario's recorder has unpacked it already)."""
+        if self._wanted(raw.cookie, raw.last_ns, raw.closed_ns):
+            self._keep(raw)
+
+    def _wanted(self, cookie: int, last_ns: int, closed_ns: int) -> bool:
         self.samples_in += 1
+        ring = self._rings.get(cookie)
+        if ring is None:
+            return cookie not in self._skipped
+        return last_ns - ring.last_ns >= DECIMATE_NS or bool(closed_ns and last_ns >= ring.last_ns)
+
+    def _keep(self, raw) -> None:
         cookie = raw.cookie
         ring = self._rings.get(cookie)
-        if ring is not None and raw.last_ns - ring.last_ns < DECIMATE_NS and not raw.closed_ns:
-            return
-        if ring is None and cookie in self._skipped:
-            return
-        flow = decode(raw)
         with self._lock:
             if ring is None:
+                flow = decode(raw)
                 if not self.flow_filter.matches(flow):
-                    if len(self._skipped) > 65536:
-                        self._skipped.clear()
-                    self._skipped.add(cookie)
+                    self._skip(cookie)
                     return
-                ring = self._new_ring(flow)
+                ring = self._new_ring(flow, raw.last_ns)
+                if ring is None:  # every ring busy: try again after the next clear of _skipped
+                    self._skip(cookie)
+                    return
             ring.last_ns = raw.last_ns
-            ring.add(flow, raw.last_ns / 1e9 + self._wall_offset)
+            ring.add(raw, raw.last_ns / 1e9 + self._wall_offset)
             if raw.closed_ns and ring.closed is None:
                 ring.closed = time.monotonic()
             self.points_kept += 1
 
-    def _new_ring(self, flow: FlowRecord) -> FlowRing:
+    def _skip(self, cookie: int) -> None:
+        if len(self._skipped) >= MAX_SKIPPED:
+            self._skipped.clear()
+        self._skipped.add(cookie)
+
+    def _new_ring(self, flow: FlowRecord, now_ns: int) -> FlowRing | None:
+        """A ring for a new flow; when all are taken, the ring of a closed or idle flow makes room, else None."""
         if len(self._rings) >= MAX_FLOWS:
             oldest = min(self._rings.values(), key=lambda r: (r.closed is None, r.last_ns))
+            if oldest.closed is None and now_ns - oldest.last_ns < IDLE_NS:
+                return None
             del self._rings[oldest.cookie]
         ring = FlowRing(flow.cookie, {"id": str(flow.cookie), "flow": flow.name, "netns": flow.netns,
                                       "cc": flow.cc, "sport": flow.sport, "dport": flow.dport,
@@ -237,10 +289,10 @@ class Hub:
         """cwnd of the finished run's busy flows (>= 10% of the busiest's bytes), time from the run's start."""
         with self._lock:
             rings = [self._rings[c] for c in self._run_cookies if c in self._rings]
-        most = max((r.info.get("bytes", 0) for r in rings), default=0)
+        most = max((r.bytes for r in rings), default=0)
         curves = []
         for ring in rings:
-            if not ring.points or ring.info.get("bytes", 0) < 0.1 * most:
+            if not ring.points or ring.bytes < 0.1 * most:
                 continue
             points = thin((json.loads(p) for p in ring.points), RUN_CURVE_POINTS)
             curves.append({"cc": ring.info["cc"], "flow": ring.info["flow"],
@@ -274,7 +326,7 @@ class Hub:
 
     def _hello(self) -> bytes:
         """Everything a page needs when it (re)connects: the rings, the table, the scenario so far."""
-        flows = [{**r.info, "points": f"[{','.join(r.points)}]"} for r in self._rings.values()]
+        flows = [{**r.refresh_info(), "points": f"[{','.join(r.points)}]"} for r in self._rings.values()]
         body = json.dumps({"mode": self.mode, "push_hz": PUSH_HZ, "ring_points": RING_POINTS,
                            "flows": [{k: v for k, v in f.items() if k != "points"} for f in flows],
                            "table": self._table, "scenario": self.scenario, "runs": list(self.runs),
@@ -299,22 +351,33 @@ class Hub:
 
     def tick(self) -> None:
         now = time.monotonic()
+        slow = now - self._table_at >= TABLE_INTERVAL_S
         with self._lock:
             self._expire(now)
             parts = []
             for ring in self._rings.values():
                 new = ring.take_new()
-                if new:
-                    parts.append(f'"{ring.cookie}":{{"info":{json.dumps(ring.info, separators=(",", ":"))},'
-                                 f'"points":[{",".join(new)}]}}')
+                if new or (slow and ring.wall):
+                    info = f'"info":{json.dumps(ring.refresh_info(), separators=(",", ":"))},' if slow or \
+                        not ring.sent_info else ""
+                    ring.sent_info = True
+                    parts.append(f'"{ring.cookie}":{{{info}"points":[{",".join(new)}]}}')
         if parts:
             self._send_all(f"event: points\ndata: {{{','.join(parts)}}}\n\n".encode())
-        if self._table_source and now - self._table_at >= TABLE_INTERVAL_S:
-            self._table_at = now
+        if slow and self._table_source and now - self._table_read_at >= self._table_every:
             self._table = self._table_rows(self._table_source())
+            took = time.monotonic() - now
+            self._table_read_at = now
+            # reading every flow of a busy host (10k flows: ~0.1 s) must not become the daemon's main work
+            self._table_every = max(TABLE_INTERVAL_S, took * TABLE_COST_FACTOR)
             self._send_all(event("table", self._table))
+        if slow:
+            self._table_at = now
 
     def _expire(self, now: float) -> None:
+        if now - self._skipped_at >= SKIPPED_CLEAR_S:
+            self._skipped_at = now
+            self._skipped.clear()
         for cookie in [c for c, r in self._rings.items() if r.closed is not None and now - r.closed > CLOSED_KEEP_S]:
             del self._rings[cookie]
 
