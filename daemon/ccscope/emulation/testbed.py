@@ -198,7 +198,7 @@ class Testbed:
             signal.pthread_sigmask(signal.SIG_BLOCK, held)
         try:
             for proc in self._procs:
-                _terminate(proc)
+                terminate(proc)
             for ns in self.namespaces:
                 state.remove_namespace(ns)
             if self._state is not None:
@@ -249,7 +249,7 @@ class Testbed:
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            _terminate(proc)
+            terminate(proc)
             raise
         self._procs.remove(proc)
         return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
@@ -349,7 +349,7 @@ class Testbed:
                 raise CcscopeError(f"iperf3 rate probe failed: {data['error']}")
             return (b1 - b0) * 8 / (t1 - t0)
         finally:
-            _terminate(server)
+            terminate(server)
 
     def verify(self, rtt_tolerance: tuple[float, float] = (0.02, 0.0005),
                rate_tolerance: float = 0.03) -> VerifyResult:
@@ -400,13 +400,14 @@ def _configure(ipr: IPRoute, dev: str, addr: str, gw: str | None) -> None:
         ipr.route("add", dst="0.0.0.0/0", gateway=gw)
 
 
-def _terminate(proc: subprocess.Popen) -> None:
+def terminate(proc: subprocess.Popen, sig: int = signal.SIGTERM, grace_s: float = 1.0) -> None:
+    """Ends a process group started by Testbed.popen (sig, then SIGKILL after grace_s) and reaps it."""
     if proc.poll() is not None:
         return
     with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
+        os.killpg(proc.pid, sig)
     try:
-        proc.wait(timeout=1)
+        proc.wait(timeout=grace_s)
     except subprocess.TimeoutExpired:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
