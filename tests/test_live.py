@@ -225,6 +225,23 @@ def test_scenario_page_shows_progress_and_finished_runs(tmp_path: Path) -> None:
     assert sorted(page_runs) == sorted(r["label"] for r in doc["runs"]), page_runs
 
 
+# --- the vendored chart library ------------------------------------------------------------------------------------
+
+
+def test_vendored_uplot_is_the_pinned_tarball(tmp_path: Path) -> None:
+    require(not vendor.missing_files(), "live page assets not built: make assets")
+    data = vendor.tarball()  # the cached download of `make assets` (or a fresh one), checked against the pin
+    assert vendor._verified(data)
+    assert not vendor._verified(data[:-1] + bytes([data[-1] ^ 1]))
+    vendor.extract(data, tmp_path)
+    for name in vendor.UPLOT_FILES.values():
+        assert (tmp_path / name).read_bytes() == (vendor.VENDOR_DIR / name).read_bytes(), name
+    assert f"(v{vendor.UPLOT_VERSION})" in (tmp_path / "uPlot.iife.min.js").read_text()[:200]
+    assert "MIT License" in (tmp_path / "uPlot.LICENSE").read_text()
+    page = (ROOT / "daemon/ccscope/live/static/index.html").read_text()
+    assert "http" not in page.replace("http-equiv", "")  # no CDN, nothing off the machine
+
+
 # --- the hub's bounds (no browser, no kernel) ---------------------------------------------------------------------
 
 
