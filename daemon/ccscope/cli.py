@@ -99,7 +99,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
         collector = FlowCollector(table, selection, flow_filter)
         registry = CollectorRegistry()
         registry.register(collector)
-        live = _live_page(probe, table, flow_filter, options.sample_interval_ns) if not args.no_live else None
+        live = _live_page(probe, flow_filter, options.sample_interval_ns) if not args.no_live else None
         server = MetricsServer(registry, host, port, tls=tls, basic_auth=users, live=live and live[0])
         scheme = "https" if tls else "http"
         page = f"live page {scheme}://{args.listen}/, " if live else ""
@@ -118,13 +118,12 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     return 0
 
 
-def _live_page(probe, table: FlowTable, flow_filter: FlowFilter, sample_interval_ns: int):
-    from .live.app import LiveApp, table_rows
+def _live_page(probe, flow_filter: FlowFilter, sample_interval_ns: int):
+    from .live.app import LiveApp, table_rows, table_source
     from .live.feed import SampleFeed
     from .live.hub import Hub
 
-    hub = Hub(flow_filter=flow_filter, table_rows=table_rows,
-              table_source=lambda: [f for f in table.snapshot() if flow_filter.matches(f)])
+    hub = Hub(flow_filter=flow_filter, table_rows=table_rows, table_source=table_source(probe, lambda: flow_filter))
     try:
         app = LiveApp(hub)
     except Exception:

@@ -9,6 +9,7 @@ GET /report/F    a scenario's report.html and plots, once written
 
 from __future__ import annotations
 
+import heapq
 import mimetypes
 import re
 from collections.abc import Callable, Iterator
@@ -16,11 +17,12 @@ from importlib import resources
 from pathlib import Path
 
 from ccscope.errors import PrerequisiteError
-from ccscope.flows import FLOW_COLUMNS, FlowRecord
+from ccscope.flows import FLOW_COLUMNS, FlowFilter, FlowRecord, decode
 
 from . import vendor
 from .hub import Hub, TooManyClients, event
 
+TABLE_ROWS = 500
 KEEPALIVE_S = 15.0  # an idle stream still writes, so a vanished client is noticed and its slot freed
 PAGE_FILES = ("index.html", "live.js", "live.css")
 _REPORT_FILE = re.compile(r"^(report\.html|plots/[A-Za-z0-9_.-]+\.png)$")
@@ -37,15 +39,32 @@ def static_files() -> dict[str, Path]:
     return files
 
 
-def table_rows(flows: list[FlowRecord], limit: int = 500) -> dict:
-    """The `ccscope flows` columns, as text and as sort keys; the busiest `limit` flows."""
-    flows = sorted(flows, key=lambda f: f.bytes_total, reverse=True)
-    return {"columns": [c.title for c in FLOW_COLUMNS], "total": len(flows),
+def table_source(probe, flow_filter: Callable[[], FlowFilter]) -> Callable[[], tuple[list[FlowRecord], int]]:
+    """Reads the kernel flow map for the table: namespace and port filters and the top TABLE_ROWS by bytes are
+    applied to the raw structs, so a host with 10k flows costs ~10k struct reads and TABLE_ROWS decodes."""
+
+    def read() -> tuple[list[FlowRecord], int]:
+        wanted = flow_filter()
+        raws = [r for r in probe.read_flows() if (not wanted.netns or r.netns in wanted.netns)
+                and (not wanted.ports or r.sport in wanted.ports or r.dport in wanted.ports)]
+        if wanted.cidrs:
+            flows = [f for f in map(decode, raws) if wanted.matches(f)]
+            return sorted(flows, key=lambda f: f.bytes_total, reverse=True)[:TABLE_ROWS], len(flows)
+        busiest = heapq.nlargest(TABLE_ROWS, raws, key=lambda r: r.bytes_acked + r.bytes_received)
+        return [decode(r) for r in busiest], len(raws)
+
+    return read
+
+
+def table_rows(source: tuple[list[FlowRecord], int]) -> dict:
+    """The `ccscope flows` columns, as text and as sort keys."""
+    flows, total = source
+    return {"columns": [c.title for c in FLOW_COLUMNS], "total": total,
             "rows": [{"id": str(f.cookie), "cells": [c.text(f) for c in FLOW_COLUMNS],
                       "keys": [c.key(f) for c in FLOW_COLUMNS], "closed": bool(f.closed_ns),
                       "queueing_delay_ms": round(f.queueing_delay_s * 1e3, 2),
                       "ratio": round(f.srtt_s / f.min_rtt_s, 2) if f.min_rtt_s else None}
-                     for f in flows[:limit]]}
+                     for f in flows]}
 
 
 class LiveApp:

@@ -155,7 +155,7 @@ def _telemetry(scenario: Scenario, options: Options):
         if listen:
             registry = CollectorRegistry()
             registry.register(collector)
-            live = _live_page(table, collector)
+            live = _live_page(probe, collector)
             try:
                 server = MetricsServer(registry, *listen, live=live)
             except PrerequisiteError as exc:
@@ -175,12 +175,11 @@ def _telemetry(scenario: Scenario, options: Options):
                 server.close()
 
 
-def _live_page(table, collector):
-    from ccscope.live.app import LiveApp, table_rows
+def _live_page(probe, collector):
+    from ccscope.live.app import LiveApp, table_rows, table_source
     from ccscope.live.hub import Hub
 
-    hub = Hub(mode="scenario", table_rows=table_rows,
-              table_source=lambda: [f for f in table.snapshot() if collector.filter.matches(f)])
+    hub = Hub(mode="scenario", table_rows=table_rows, table_source=table_source(probe, lambda: collector.filter))
     try:
         return LiveApp(hub)
     except PrerequisiteError:

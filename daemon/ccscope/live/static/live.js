@@ -329,7 +329,11 @@
         entry = scenarioCharts[profile] = { plot, key, box: holder };
       }
       entry.plot.setData(uPlot.join(curves.map((c) => [c.t, c.cwnd])));
-      entry.points = curves.reduce((n, c) => n + c.t.length, 0);
+      const now = curves.length - finished.length;
+      if (now) {  // the run in progress, drawn over this many finished curves, with this many points so far
+        body.dataset.currentOverlaid = finished.length;
+        body.dataset.currentPoints = curves.slice(finished.length).reduce((n, c) => n + c.t.length, 0);
+      }
     }
     body.dataset.scenarioCurves = Object.values(scenarioCharts).reduce((n, e) => n + e.plot.series.length - 1, 0);
   }
