@@ -270,10 +270,11 @@ def test_client_limit_answers_503() -> None:
         clients = [hub.connect() for _ in range(hubmod.MAX_CLIENTS)]
         with pytest.raises(TooManyClients):
             hub.connect()
-        statuses = []
-        app({"PATH_INFO": "/events", "REQUEST_METHOD": "GET"}, lambda status, headers: statuses.append(status))
-        assert statuses == ["503 Service Unavailable"]
+        assert app.get("/events").status == 503
         hub.disconnect(clients[0])
+        stream = app.get("/events")  # the freed slot; closing the stream (even unread) frees it again
+        assert hub.client_count == hubmod.MAX_CLIENTS
+        stream.close()
         assert hub.client_count == hubmod.MAX_CLIENTS - 1
     finally:
         hub.close()

@@ -12,7 +12,9 @@ from __future__ import annotations
 import heapq
 import mimetypes
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from http import HTTPStatus
 from importlib import resources
 from pathlib import Path
 
@@ -67,72 +69,101 @@ def table_rows(source: tuple[list[FlowRecord], int]) -> dict:
                      for f in flows]}
 
 
+@dataclass
+class Reply:
+    status: int
+    body: bytes
+    content_type: str = "text/plain; charset=utf-8"
+    headers: list[tuple[str, str]] = field(default_factory=list)
+
+
+class EventStream:
+    """One page's event stream: an iterator of SSE chunks; close() (also when never iterated) frees the slot."""
+
+    headers = (("Cache-Control", "no-cache"), ("X-Accel-Buffering", "no"))
+
+    def __init__(self, hub: Hub) -> None:
+        self._hub = hub
+        self._client = hub.connect()  # TooManyClients when full
+        self._started = False
+        self._done = False
+
+    def __iter__(self) -> EventStream:
+        return self
+
+    def __next__(self) -> bytes:
+        if self._done:
+            self.close()
+            raise StopIteration
+        if not self._started:
+            self._started = True
+            return b"retry: 2000\n\n"
+        messages = self._client.take(KEEPALIVE_S)
+        if not messages:
+            return b": keepalive\n\n"
+        self._done = messages[-1] == _BYE
+        return b"".join(messages)
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._hub.disconnect(self._client)
+            self._client = None
+            self._done = True
+
+
 class LiveApp:
-    """WSGI app for everything but /metrics."""
+    """The page's paths, independent of the HTTP server that mounts them (WSGI adapter: __call__)."""
 
     def __init__(self, hub: Hub) -> None:
         self.hub = hub
         self.files = {name: (path.read_bytes(), _content_type(name)) for name, path in static_files().items()}
         self.report_dir: Path | None = None
 
-    def __call__(self, environ: dict, start_response: Callable) -> Iterator[bytes] | list[bytes]:
-        path = environ.get("PATH_INFO", "/")
-        if environ.get("REQUEST_METHOD", "GET") not in ("GET", "HEAD"):
-            return _plain(start_response, "405 Method Not Allowed", "only GET\n", [("Allow", "GET, HEAD")])
+    def get(self, path: str) -> Reply | EventStream:
         if path in ("/", "/index.html"):
-            return self._file(start_response, "index.html")
+            return self._file("index.html")
         if path.startswith("/static/"):
-            return self._file(start_response, path.removeprefix("/static/"))
+            return self._file(path.removeprefix("/static/"))
         if path == "/events":
-            return self._events(start_response)
+            try:
+                return EventStream(self.hub)
+            except TooManyClients as exc:
+                return Reply(503, f"{exc}\n".encode(), headers=[("Retry-After", "10")])
         if path.startswith("/report/"):
-            return self._report(start_response, path.removeprefix("/report/"))
-        return _plain(start_response, "404 Not Found", "not found\n")
+            return self._report(path.removeprefix("/report/"))
+        return Reply(404, b"not found\n")
 
-    def _file(self, start_response: Callable, name: str) -> list[bytes]:
+    def _file(self, name: str) -> Reply:
         if name not in self.files:
-            return _plain(start_response, "404 Not Found", "not found\n")
+            return Reply(404, b"not found\n")
         body, content_type = self.files[name]
-        start_response("200 OK", [("Content-Type", content_type), ("Content-Length", str(len(body))),
-                                  ("Cache-Control", "no-cache"), *_SECURITY_HEADERS])
-        return [body]
+        return Reply(200, body, content_type, [("Cache-Control", "no-cache"), *SECURITY_HEADERS])
 
-    def _report(self, start_response: Callable, name: str) -> list[bytes]:
+    def _report(self, name: str) -> Reply:
         if self.report_dir is None or not _REPORT_FILE.match(name):
-            return _plain(start_response, "404 Not Found", "no report yet\n")
+            return Reply(404, b"no report yet\n")
         try:
             body = (self.report_dir / name).read_bytes()
         except OSError:
-            return _plain(start_response, "404 Not Found", "not found\n")
-        start_response("200 OK", [("Content-Type", _content_type(name)), ("Content-Length", str(len(body)))])
-        return [body]
+            return Reply(404, b"not found\n")
+        return Reply(200, body, _content_type(name))
 
-    def _events(self, start_response: Callable) -> Iterator[bytes] | list[bytes]:
-        try:
-            client = self.hub.connect()
-        except TooManyClients as exc:
-            return _plain(start_response, "503 Service Unavailable", f"{exc}\n", [("Retry-After", "10")])
-        start_response("200 OK", [("Content-Type", "text/event-stream"), ("Cache-Control", "no-cache"),
-                                  ("X-Accel-Buffering", "no")])
-        return self._stream(client)
-
-    def _stream(self, client) -> Iterator[bytes]:
-        try:
-            yield b"retry: 2000\n\n"
-            while True:
-                messages = client.take(KEEPALIVE_S)
-                if not messages:
-                    yield b": keepalive\n\n"
-                    continue
-                yield b"".join(messages)
-                if messages[-1] == _BYE:
-                    return
-        finally:
-            self.hub.disconnect(client)
+    def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
+        if environ.get("REQUEST_METHOD", "GET") not in ("GET", "HEAD"):
+            start_response("405 Method Not Allowed", [("Allow", "GET, HEAD"), ("Content-Length", "0")])
+            return [b""]
+        reply = self.get(environ.get("PATH_INFO", "/"))
+        if isinstance(reply, EventStream):
+            start_response("200 OK", [("Content-Type", "text/event-stream"), *reply.headers])
+            return reply
+        start_response(f"{reply.status} {HTTPStatus(reply.status).phrase}",
+                       [("Content-Type", reply.content_type), ("Content-Length", str(len(reply.body))),
+                        *reply.headers])
+        return [reply.body]
 
 
 _BYE = event("bye", {})
-_SECURITY_HEADERS = [("X-Content-Type-Options", "nosniff"),
+SECURITY_HEADERS = [("X-Content-Type-Options", "nosniff"),
                      ("Content-Security-Policy",
                       "default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:")]
 
@@ -140,10 +171,3 @@ _SECURITY_HEADERS = [("X-Content-Type-Options", "nosniff"),
 def _content_type(name: str) -> str:
     kind = mimetypes.guess_type(name)[0] or "text/plain"
     return f"{kind}; charset=utf-8" if kind.startswith("text/") or kind.endswith("javascript") else kind
-
-
-def _plain(start_response: Callable, status: str, text: str, headers: list | None = None) -> list[bytes]:
-    body = text.encode()
-    start_response(status, [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(body))),
-                             *(headers or [])])
-    return [body]
