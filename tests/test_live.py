@@ -9,6 +9,7 @@ import contextlib
 import hashlib
 import json
 import re
+import ssl
 import statistics
 import subprocess
 import sys
@@ -167,6 +168,34 @@ def test_daemon_page_charts_a_live_iperf3_flow(link: Link, tmp_path: Path) -> No
             if proc is not None:
                 proc.kill()
                 proc.wait()
+
+
+def test_page_and_stream_over_tls(tmp_path: Path) -> None:
+    """TLS covers the page and its event stream as it covers /metrics: one listener."""
+    require_root()
+    require_bpf_object()
+    require_tools("openssl")
+    require(not vendor.missing_files(), "live page assets not built: make assets")
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    run("openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+        "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key),
+        "-out", str(cert))
+    port = free_port()
+    argv = _cli("daemon", "--listen", f"127.0.0.1:{port}", "--tls-cert", str(cert), "--tls-key", str(key))
+    with _process(argv, "serving") as (_, line):
+        assert f"https://127.0.0.1:{port}/" in line
+        context = ssl.create_default_context(cafile=str(cert))
+        with urllib.request.urlopen(f"https://127.0.0.1:{port}/", context=context, timeout=10) as response:
+            assert response.status == 200 and b"ccscope live" in response.read()
+        with urllib.request.urlopen(f"https://127.0.0.1:{port}/events", context=context, timeout=10) as stream:
+            assert stream.headers["Content-Type"].startswith("text/event-stream")
+            head = b""
+            while b"event: hello" not in head and len(head) < 1 << 16:
+                head += stream.read1(4096)
+            hello = json.loads(head.split(b"event: hello\ndata: ", 1)[1].split(b"\n", 1)[0])
+            assert hello["mode"] == "daemon" and hello["push_hz"] >= 5
+        with pytest.raises(OSError):  # no plain HTTP on the TLS listener
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5).read()
 
 
 def _data_connection_port(link: Link, port: int) -> int:
