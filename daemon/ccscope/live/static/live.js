@@ -70,7 +70,11 @@
     let f = state.flows[id];
     if (!f) f = state.flows[id] = { info: {}, cols: [[], [], [], [], [], []], received: 0 };
     Object.assign(f.info, info);
-    for (const p of points) for (let i = 0; i < 6; i++) f.cols[i].push(p[i]);
+    // the wire has [t, cwnd, srtt µs, min_rtt µs, kbit/s, retransmits]; the charts ms and Mbit/s
+    for (const p of points) {
+      f.cols[0].push(p[0]); f.cols[1].push(p[1]); f.cols[2].push(p[2] / 1e3);
+      f.cols[3].push(p[3] === null ? null : p[3] / 1e3); f.cols[4].push(p[4] / 1e3); f.cols[5].push(p[5]);
+    }
     const excess = f.cols[0].length - state.ringPoints;
     if (excess > 0) for (const c of f.cols) c.splice(0, excess);
     f.received += points.length;
