@@ -9,10 +9,12 @@ import contextlib
 import hashlib
 import json
 import re
+import socket
 import ssl
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -26,7 +28,7 @@ from ccscope.live import vendor
 from ccscope.live.app import LiveApp
 from ccscope.live.hub import Hub, TooManyClients
 from livehelpers import artifacts_dir, chromium, console_errors, require_browser, screenshot, wait_js
-from nethelpers import Link, free_port, run, wait_port
+from nethelpers import Link, Sink, connect, free_port, parse_metrics, run, wait_port
 from prereqs import ROOT, require, require_bpf_object, require_root, require_tools
 
 USER, PASSWORD = "viewer", "s3cret-live"
@@ -196,6 +198,60 @@ def test_page_and_stream_over_tls(tmp_path: Path) -> None:
             assert hello["mode"] == "daemon" and hello["push_hz"] >= 5
         with pytest.raises(OSError):  # no plain HTTP on the TLS listener
             urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5).read()
+
+
+def test_a_page_that_stops_reading_loses_updates_and_is_told(tmp_path: Path) -> None:
+    """A stalled reader: its updates are dropped (counted on /metrics), a reading page still gets every push, and
+    the stalled one is told how many it lost when it reads again."""
+    require_root()
+    require_bpf_object()
+    require(not vendor.missing_files(), "live page assets not built: make assets")
+    sink_port, port = free_port(), free_port()
+    sink = Sink(socket.AF_INET, "127.0.0.1", sink_port)
+    senders = [connect(socket.AF_INET, "127.0.0.1", sink_port) for _ in range(24)]
+    stop = threading.Event()
+
+    def trickle() -> None:  # tcp_probe sees the flows every 10 ms: points for every push
+        while not stop.wait(0.01):
+            for sender in senders:
+                sender.send(b"x" * 1000)
+
+    thread = threading.Thread(target=trickle, daemon=True)
+    thread.start()
+    slow = socket.socket()
+    slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window: the daemon's writes stall soon
+    try:
+        with _process(_cli("daemon", "--listen", f"127.0.0.1:{port}", "--port", str(sink_port)), "serving"):
+            slow.connect(("127.0.0.1", port))
+            slow.sendall(b"GET /events HTTP/1.1\r\nHost: test\r\n\r\n")
+
+            def dropped() -> float:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+                    text = response.read().decode()
+                return sum(v for n, _, v in parse_metrics(text) if n == "ccscope_live_updates_dropped_total")
+
+            deadline = time.monotonic() + 60
+            while dropped() < 20 and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert dropped() >= 20, "the stalled page's queue never overflowed"
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/events", timeout=10) as stream:
+                start, pushes, data = time.monotonic(), 0, b""
+                while time.monotonic() - start < 2.0:
+                    data += stream.read1(65536)
+                    pushes = data.count(b"event: points\n")
+            assert pushes >= 10, f"a reading page got {pushes} pushes in 2 s while another stalled"
+            slow.settimeout(10)
+            received = b""
+            while b"event: lag" not in received and len(received) < 1 << 24:
+                received += slow.recv(1 << 16)
+            lag = json.loads(received.split(b"event: lag\ndata: ", 1)[1].split(b"\n", 1)[0])
+            assert lag["dropped"] >= 20
+    finally:
+        stop.set()
+        thread.join(timeout=2)
+        for sock in (slow, *senders):
+            sock.close()
+        sink.close()
 
 
 def _data_connection_port(link: Link, port: int) -> int:

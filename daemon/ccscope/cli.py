@@ -100,6 +100,10 @@ def cmd_daemon(args: argparse.Namespace) -> int:
         registry = CollectorRegistry()
         registry.register(collector)
         live = _live_page(probe, flow_filter, options.sample_interval_ns) if not args.no_live else None
+        if live:
+            from .live.metrics import LiveCollector
+
+            registry.register(LiveCollector(live[0].hub))
         server = MetricsServer(registry, host, port, tls=tls, basic_auth=users, live=live and live[0])
         scheme = "https" if tls else "http"
         page = f"live page {scheme}://{args.listen}/, " if live else ""

@@ -28,8 +28,17 @@ class _V6ThreadingServer(_ThreadingServer):
 
 
 class _QuietHandler(WSGIRequestHandler):
+    def setup(self) -> None:
+        # A reader that stalls holds at most this much in the kernel (autotuning would let it grow to
+        # tcp_wmem's 4 MB per connection); the live page's own bounded queue takes over from there.
+        self.request.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, STREAM_SNDBUF)
+        super().setup()
+
     def log_message(self, *args: object) -> None:  # no access log on stderr
         pass
+
+
+STREAM_SNDBUF = 32 * 1024
 
 
 def load_basic_auth(path: Path) -> dict[str, str]:

@@ -155,13 +155,16 @@ class Client:
         self._wake = threading.Event()
         self._lock = threading.Lock()
 
-    def put(self, message: bytes) -> None:
+    def put(self, message: bytes) -> bool:
+        """Queues a message; False when that pushed the oldest one out."""
         with self._lock:
-            if len(self.queue) == CLIENT_QUEUE:
+            full = len(self.queue) == CLIENT_QUEUE
+            if full:
                 self.dropped += 1
                 self._unreported += 1
             self.queue.append(message)
         self._wake.set()
+        return not full
 
     def take(self, timeout: float) -> list[bytes]:
         """Everything queued (waits up to `timeout`), led by a `lag` event when updates were dropped."""
@@ -210,6 +213,8 @@ class Hub:
         self._progress_at = 0.0
         self.samples_in = 0
         self.points_kept = 0
+        self.updates_dropped = 0
+        self.connections = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._broadcast_loop, name="ccscope-live", daemon=True)
         self._thread.start()
@@ -331,6 +336,7 @@ class Hub:
                 raise TooManyClients(f"{MAX_CLIENTS} live pages are open already")
             client = Client(next(self._ids))
             self._clients[client.ident] = client
+            self.connections += 1
             count = len(self._clients)
             client.put(self._hello())
         if self.on_clients:
@@ -407,11 +413,8 @@ class Hub:
 
     def _send_all(self, message: bytes) -> None:
         for client in list(self._clients.values()):
-            client.put(message)
-
-    def stats(self) -> dict:
-        return {"clients": len(self._clients), "flows": len(self._rings), "samples_in": self.samples_in,
-                "points_kept": self.points_kept, "dropped": sum(c.dropped for c in self._clients.values())}
+            if not client.put(message):
+                self.updates_dropped += 1
 
     def close(self) -> None:
         self._stop.set()

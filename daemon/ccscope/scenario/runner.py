@@ -142,6 +142,7 @@ def _telemetry(scenario: Scenario, options: Options):
 
     from ccscope.exporter import FlowCollector
     from ccscope.flows import FlowFilter, FlowSelection, FlowTable
+    from ccscope.live.metrics import LiveCollector
     from ccscope.loader import ProbeOptions, TelemetryProbe
     from ccscope.server import MetricsServer
     from ccscope.units import parse_listen
@@ -156,6 +157,7 @@ def _telemetry(scenario: Scenario, options: Options):
             registry = CollectorRegistry()
             registry.register(collector)
             live = _live_page(probe, collector)
+            registry.register(LiveCollector(live.hub))
             try:
                 server = MetricsServer(registry, *listen, live=live)
             except PrerequisiteError as exc:
