@@ -161,20 +161,26 @@ def _telemetry(scenario: Scenario, options: Options):
             try:
                 server = MetricsServer(registry, *listen, live=live)
             except PrerequisiteError as exc:
-                live.hub.close()
-                live = None
                 if options.listen_explicit:
+                    live.hub.close()
                     raise
-                print(f"ccscope: live endpoint off: {exc.line()}", file=sys.stderr)
+                # the default port is taken (a `ccscope daemon` on this host, say): any free port will do
+                print(f"ccscope: {exc.line()}; the live page takes a free port instead", file=sys.stderr)
+                server = MetricsServer(registry, listen[0], 0, live=live)
         recorder = Recorder(probe, listener=live.hub.on_sample if live else None)
+        endpoint = _hostport(listen[0], server.port) if server else None
         try:
-            yield recorder, collector, options.listen if server else None, live
+            yield recorder, collector, endpoint, live
         finally:
             recorder.close()
             if live:
                 live.hub.close()
             if server:
                 server.close()
+
+
+def _hostport(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _live_page(probe, collector):
