@@ -42,6 +42,7 @@ PROGRESS_INTERVAL_S = 0.2
 IDLE_NS = 10 * 10**9        # a flow without samples this long gives its ring up to a new one
 MAX_SKIPPED = 65536
 SKIPPED_CLEAR_S = 10.0      # flows refused a ring (or by the filter) are looked at again this often
+CLOSED_ROW_S = 5.0          # a closed flow's row stays in the table this long (as the scenario's flow table)
 CLOSED_KEEP_S = 60.0        # a closed flow's ring stays this long (the page can still look at it)
 
 _HEAD = struct.Struct("=QQQQ")  # struct flow's first fields: cookie, first_ns, last_ns, closed_ns
@@ -102,6 +103,7 @@ class FlowRing:
     over: bool = False
     wall: float = 0.0
     sent_info: bool = False
+    latest: object = None         # the last kept sample, raw (bytes or FlowTuple): the table row decodes it
     bloat_since: float | None = None
     closed: float | None = None   # monotonic seconds when the close was seen
 
@@ -203,6 +205,8 @@ class Hub:
         self._wall_offset = time.time() - monotonic_ns() / 1e9
         self._table: dict = {}
         self._table_at = 0.0
+        self._map_flows: list[FlowRecord] = []
+        self._map_total = 0
         self._table_read_at = 0.0
         self._table_every = TABLE_INTERVAL_S
         self.scenario: dict = {}
@@ -254,6 +258,7 @@ class Hub:
                     self._skip(cookie)
                     return
             ring.last_ns = last_ns
+            ring.latest = raw
             ring.add(point, last_ns / 1e9 + self._wall_offset)
             if closed_ns and ring.closed is None:
                 ring.closed = time.monotonic()
@@ -394,15 +399,28 @@ class Hub:
                     parts.append(f'"{ring.cookie}":{{{info}"points":[{",".join(new)}]}}')
         if parts:
             self._send_all(f"event: points\ndata: {{{','.join(parts)}}}\n\n".encode())
-        if slow and self._table_source and now - self._table_read_at >= self._table_every:
-            self._table = self._table_rows(self._table_source())
+        if slow:
+            self._table_at = now
+            if self._table_source:
+                self._table = self._table_rows(self._read_table(now))
+                self._send_all(event("table", self._table))
+
+    def _read_table(self, now: float) -> tuple[list[FlowRecord], int]:
+        """The kernel map's flows (re-read as often as its cost allows), with the sampled flows' rows replaced by
+        their latest sample: the flows being charted stay current even when the map is read rarely."""
+        if now - self._table_read_at >= self._table_every:
+            self._map_flows, self._map_total = self._table_source()
             took = time.monotonic() - now
             self._table_read_at = now
             # reading every flow of a busy host (10k flows: ~0.1 s) must not become the daemon's main work
             self._table_every = max(TABLE_INTERVAL_S, took * TABLE_COST_FACTOR)
-            self._send_all(event("table", self._table))
-        if slow:
-            self._table_at = now
+        with self._lock:
+            latest = [r.latest for r in self._rings.values()
+                      if r.latest is not None and (r.closed is None or now - r.closed < CLOSED_ROW_S)]
+        fresh = {f.cookie: f for f in (decode(bt.unpack_flow(raw) if isinstance(raw, bytes) else raw)
+                                       for raw in latest)}
+        flows = [fresh.pop(f.cookie, f) for f in self._map_flows]
+        return flows + list(fresh.values()), self._map_total + len(fresh)
 
     def _expire(self, now: float) -> None:
         if now - self._skipped_at >= SKIPPED_CLEAR_S:
