@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ctypes
 import ipaddress
 import itertools
 import json
+import re
 import socket
 
 import pytest
@@ -13,7 +15,8 @@ from ccscope.cli import FLOW_COLUMNS, _bytes, _rate, _trace_line, format_flows
 from ccscope.errors import UsageError
 from ccscope.exporter import histogram_buckets
 from ccscope.flows import FlowFilter, FlowSelection, decode
-from ccscope.units import parse_duration, parse_listen
+from ccscope.flowscan import FlowColumns
+from ccscope.units import parse_duration, parse_listen, parse_loss, parse_rate, parse_size
 
 
 def raw_flow(**fields) -> bt.Flow:
@@ -87,22 +90,71 @@ def test_as_dict_is_json() -> None:
 
 
 @pytest.mark.parametrize("text, seconds", [("10ms", 0.01), ("2s", 2.0), ("1m", 60.0), ("1h", 3600.0),
-                                           ("250us", 0.00025), ("1.5", 1.5), (" 3 s ", 3.0), (".5s", 0.5)])
+                                           ("250us", 0.00025), ("1.5", 1.5), (" 3 s ", 3.0), (".5s", 0.5),
+                                           ("2min", 120.0), ("10MS", 0.01), ("1e3", 1000.0), (0.25, 0.25)])
 def test_parse_duration(text: str, seconds: float) -> None:
-    assert parse_duration("--x", text) == pytest.approx(seconds)
+    assert parse_duration(text, "--x") == pytest.approx(seconds)
 
 
-@pytest.mark.parametrize("text", ["-1", "", "ten", "10 parsecs", "1e3", "ms"])
-def test_parse_duration_rejects(text: str) -> None:
-    with pytest.raises(UsageError, match="--x"):
-        parse_duration("--x", text)
+@pytest.mark.parametrize("text, words", [("-1", "is negative"), ("", "is not a duration"),
+                                         ("ten", "is not a duration"), ("10 parsecs", "is not a duration"),
+                                         ("ms", "is not a duration"), ("1e999s", "is not a finite number")])
+def test_parse_duration_rejects(text: str, words: str) -> None:
+    with pytest.raises(UsageError) as info:
+        parse_duration(text, "--x")
+    assert info.value.line() == f"--x {text!r} {words}" + (" (examples: 10ms, 2s, 1m)" if "not a dur" in words else "")
 
 
-def test_parse_duration_range() -> None:
+def test_parse_duration_range_names_the_bounds_in_the_callers_words() -> None:
+    with pytest.raises(UsageError, match=r"^--sample-interval '20s' is out of range \(0.1ms to 10s\)$"):
+        parse_duration("20s", "--sample-interval", 0.0001, 10.0)
     with pytest.raises(UsageError, match="out of range"):
-        parse_duration("--sample-interval", "20s", 0.0001, 10.0)
-    with pytest.raises(UsageError, match="out of range"):
-        parse_duration("--sample-interval", "10us", 0.0001, 10.0)
+        parse_duration("10us", "--sample-interval", 0.0001, 10.0)
+    with pytest.raises(UsageError, match=r"^x.yaml: delay: '11s' is longer than 10s, too long$"):
+        parse_duration("11s", "x.yaml: delay", 0, 10, too_high="is longer than {high}, too long")
+    with pytest.raises(UsageError, match="expected a duration"):
+        parse_duration(True, "x.yaml: delay")
+
+
+@pytest.mark.parametrize("raw, size", [("1KB", 1000), ("64KiB", 65536), ("1MB", 10**6), ("2 mib", 2 << 20),
+                                       (1500, 1500), ("1gb", 10**9), ("10", 10), ("1.5k", 1500)])
+def test_parse_size(raw, size: int) -> None:
+    assert parse_size(raw, "s") == size
+
+
+@pytest.mark.parametrize("raw, words", [("1.5", "not a positive whole number of bytes"), (0, "not a positive whole"),
+                                        ("-1KB", "is negative"), ("1 furlong", "is not a size"),
+                                        ("2KB", "is out of range (1B to 1.5KB)"), (True, "expected a size")])
+def test_parse_size_rejects(raw, words: str) -> None:
+    with pytest.raises(UsageError, match=re.escape(words)):
+        parse_size(raw, "s", 1, 1500)
+
+
+@pytest.mark.parametrize("raw, bps", [("50mbit", 50e6), ("1.5Mbit/s", 1.5e6), ("10 Gbps", 10e9), (2e7, 2e7),
+                                      ("800kbit", 8e5), ("unlimited", None), (None, None)])
+def test_parse_rate(raw, bps) -> None:
+    assert parse_rate(raw, "r") == bps
+
+
+def test_parse_rate_bounds() -> None:
+    with pytest.raises(UsageError, match=r"^r: 10 is below 1 kbit/s, too slow$"):
+        parse_rate(10, "r", 1e3, 1e9, too_low="is below {low}, too slow")
+    with pytest.raises(UsageError, match=re.escape("r: '2gbit' is out of range (1 kbit/s to 1 Gbit/s)")):
+        parse_rate("2gbit", "r", 1e3, 1e9)
+    with pytest.raises(UsageError, match="not a positive rate"):
+        parse_rate("0mbit", "r")
+
+
+@pytest.mark.parametrize("raw, fraction", [("1%", 0.01), ("0.5 %", 0.005), (0.01, 0.01), (0, 0.0)])
+def test_parse_loss(raw, fraction: float) -> None:
+    assert parse_loss(raw, "l") == pytest.approx(fraction)
+
+
+@pytest.mark.parametrize("raw, words", [("100%", "would drop every packet"), ("150%", "not a loss fraction"),
+                                        ("-1%", "not a loss fraction"), ("lots", "is not a loss")])
+def test_parse_loss_rejects(raw, words: str) -> None:
+    with pytest.raises(UsageError, match=words):
+        parse_loss(raw, "l")
 
 
 @pytest.mark.parametrize("text, expected", [("127.0.0.1:9977", ("127.0.0.1", 9977)), (":9977", ("0.0.0.0", 9977)),
@@ -203,5 +255,47 @@ def test_trace_line_json_and_text() -> None:
     assert data["time"] == pytest.approx(1005.0)
     assert data["event"] == "close"
     assert data["srtt_s"] == pytest.approx(0.0125)
-    text = _trace_line(flow, 1000.0, as_json=False)
+    text = _trace_line(flow, 1000.0, as_json=False).decode()
     assert "192.0.2.1:40000->192.0.2.2:5201 cubic cwnd=20 srtt=12.50ms retrans=7 open CLOSED" in text
+
+
+def _columns(flows: list[bt.Flow]) -> FlowColumns:
+    return FlowColumns(b"".join(bytes(f) for f in flows), len(flows))
+
+
+def test_flow_columns_read_the_fields_of_every_record() -> None:
+    raws = [raw_flow(cookie=i, netns=10 + i % 3, sport=1000 + i, dport=80, bytes_acked=i * 7, closed_ns=i % 2,
+                     saddr="192.0.2.1", daddr="192.0.2.2", ca_name=b"cubic" if i % 2 else b"bbr") for i in range(9)]
+    # what the kernel leaves after a switch from cubic ("bbr\0ic"): another key, the same name
+    ctypes.memmove(ctypes.addressof(raws[4]) + bt.Flow.ca_name.offset, b"bbr\0ic", 6)
+    columns = _columns(raws)
+    assert len(columns) == 9
+    for name in ("cookie", "netns", "sport", "dport", "bytes_acked", "closed_ns", "ca_state", "srtt_us"):
+        assert columns.column(name) == [getattr(f, name) for f in raws], name
+    assert [columns.name(key) for key in columns.ca_names()] == [decode(f).cc for f in raws]
+    assert len(set(columns.ca_names())) == 3
+    assert [decode(columns.record(i)) for i in range(9)] == [decode(f) for f in raws]
+    assert bytes(columns.raw(5)) == bytes(raws[5])
+
+
+def test_flow_columns_select_and_pick_as_the_records_do() -> None:
+    raws = [raw_flow(cookie=i, netns=1 + i % 4, sport=2000 + i, dport=443 if i % 5 == 0 else 80,
+                     bytes_acked=(i * 7919) % 1000, bytes_received=i, saddr=f"192.0.2.{i + 1}", daddr="198.51.100.1")
+            for i in range(40)]
+    columns, flows = _columns(raws), [decode(f) for f in raws]
+    everything = list(range(len(raws)))
+    for kwargs in ({}, {"netns": ["2"]}, {"ports": ["443"]}, {"ports": ["2003"], "netns": ["4"]},
+                   {"cidrs": ["192.0.2.0/28"]}):
+        chosen = FlowFilter.parse(**kwargs)
+        assert [flows[i] for i in chosen.select(columns, everything)] == [f for f in flows if chosen.matches(f)]
+    for text in ("top:5", "top:100", "all", "none"):
+        selection = FlowSelection.parse(text)
+        assert [flows[i] for i in selection.pick_indexes(columns, everything)] == selection.pick(flows)
+        assert [flows[i] for i in selection.pick_indexes(columns, range(40))] == selection.pick(flows)
+    ties = [raw_flow(cookie=i, bytes_acked=i % 3, bytes_received=0) for i in range(30)]
+    columns, flows = _columns(ties), [decode(f) for f in ties]
+    for n in (1, 7, 10, 11, 29):
+        selection = FlowSelection.parse(f"top:{n}")
+        assert [flows[i] for i in selection.pick_indexes(columns, range(30))] == selection.pick(flows)
+        odd = list(range(1, 30, 2))
+        assert [flows[i] for i in selection.pick_indexes(columns, odd)] == selection.pick([flows[i] for i in odd])

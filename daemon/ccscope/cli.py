@@ -13,17 +13,18 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import orjson
 from prometheus_client import CollectorRegistry
 
 from . import __version__, check
+from .bpf_types import EVENT_NAMES, Counter
 from .errors import CcscopeError, UsageError
 from .exporter import FlowCollector
 from .flows import FLOW_COLUMNS, FlowFilter, FlowRecord, FlowSelection, FlowTable, decode, monotonic_ns
 from .loader import ProbeOptions, TelemetryProbe
 from .server import MetricsServer, load_basic_auth
-from .units import parse_duration, parse_listen
+from .units import DEFAULT_LISTEN, parse_duration, parse_listen
 
-DEFAULT_LISTEN = "127.0.0.1:9977"
 SORT_KEYS: dict[str, Callable[[FlowRecord], float]] = {
     "bytes": lambda f: f.bytes_total,
     "cwnd": lambda f: f.cwnd_segments,
@@ -66,7 +67,7 @@ def _filter(args: argparse.Namespace) -> FlowFilter:
 
 
 def _probe_options(args: argparse.Namespace, emit_samples: bool) -> ProbeOptions:
-    interval = parse_duration("--sample-interval", args.sample_interval, 0.0001, 10.0)
+    interval = parse_duration(args.sample_interval, "--sample-interval", 0.0001, 10.0)
     if not 64 <= args.max_flows <= 4_000_000:
         raise UsageError(f"--max-flows {args.max_flows} is out of range 64..4000000")
     return ProbeOptions(max_flows=args.max_flows, sample_interval_ns=int(interval * 1e9),
@@ -87,7 +88,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     host, port = parse_listen(args.listen)
     selection = FlowSelection.parse(args.flows)
     flow_filter = _filter(args)
-    grace = parse_duration("--grace", args.grace, 0.0, 3600.0)
+    grace = parse_duration(args.grace, "--grace", 0.0, 3600.0)
     if bool(args.tls_cert) != bool(args.tls_key):
         raise UsageError("--tls-cert and --tls-key go together")
     tls = (Path(args.tls_cert), Path(args.tls_key)) if args.tls_cert else None
@@ -111,7 +112,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
               f"(flows {args.flows}); Ctrl-C to stop", file=sys.stderr, flush=True)
         try:
             while not stop.wait(max(0.5, min(grace / 2, 5.0))):
-                table.snapshot()  # expires closed flows even when nobody scrapes
+                table.scan()  # expires closed flows even when nobody scrapes
         finally:
             if live:
                 live[0].hub.close()
@@ -148,7 +149,7 @@ def format_flows(flows: list[FlowRecord]) -> str:
 
 
 def cmd_flows(args: argparse.Namespace) -> int:
-    interval = parse_duration("--interval", args.interval, 0.1, 3600.0)
+    interval = parse_duration(args.interval, "--interval", 0.1, 3600.0)
     flow_filter = _filter(args)
     stop = _stop_event()
     live = sys.stdout.isatty() and not args.once
@@ -174,42 +175,49 @@ def cmd_flows(args: argparse.Namespace) -> int:
 # --- trace -----------------------------------------------------------------------------------------
 
 
-def _trace_line(flow: FlowRecord, wall_offset: float, as_json: bool) -> str:
+def _trace_line(flow: FlowRecord, wall_offset: float, as_json: bool) -> bytes:
     wall = flow.last_ns / 1e9 + wall_offset
     if as_json:
         data = flow.as_dict()
         data["time"] = round(wall, 6)
-        data["event"] = {1: "probe", 2: "retransmit", 3: "close"}.get(flow.event, str(flow.event))
-        return json.dumps(data)
+        data["event"] = EVENT_NAMES.get(flow.event, str(flow.event))
+        # orjson: ~1 us where json.dumps took ~8 of the ~20 us a sample cost (orjson on the dataclass itself,
+        # without as_dict(), measured slower: 1.7 us, and the extra keys still to add)
+        return orjson.dumps(data)
     return (f"{time.strftime('%H:%M:%S', time.localtime(wall))}.{int(wall % 1 * 1e3):03d} {flow.name} "
             f"{flow.cc} cwnd={flow.cwnd_segments} srtt={flow.srtt_s * 1e3:.2f}ms "
-            f"retrans={flow.retransmits} {flow.ca_state}{' CLOSED' if flow.closed_ns else ''}")
+            f"retrans={flow.retransmits} {flow.ca_state}{' CLOSED' if flow.closed_ns else ''}").encode()
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
-    duration = parse_duration("--duration", args.duration, 0.0, 30 * 86400) if args.duration else None
+    duration = parse_duration(args.duration, "--duration", 0.0, 30 * 86400) if args.duration else None
     if args.count is not None and args.count < 1:
         raise UsageError("--count must be at least 1")
     flow_filter = _filter(args)
     stop = _stop_event()
     wall_offset = time.time() - monotonic_ns() / 1e9
     emitted = 0
-    pending: list[str] = []  # written once per poll: one write per batch, not per sample
+    pending: list[bytes] = []  # written once per poll: one write per batch, not per sample
 
-    def on_sample(raw) -> None:
+    def on_samples(raws: list) -> None:
         nonlocal emitted
-        flow = decode(raw)
-        if not flow_filter.matches(flow) or stop.is_set():
-            return
-        pending.append(_trace_line(flow, wall_offset, args.json))
-        emitted += 1
-        if args.count is not None and emitted >= args.count:
-            stop.set()
+        for raw in raws:
+            if stop.is_set():
+                return
+            if not flow_filter.matches_ids(raw):  # netns and ports, before paying for a decode
+                continue
+            flow = decode(raw)
+            if flow_filter.cidrs and not flow_filter.matches(flow):
+                continue
+            pending.append(_trace_line(flow, wall_offset, args.json))
+            emitted += 1
+            if args.count is not None and emitted >= args.count:
+                stop.set()
 
     deadline = time.monotonic() + duration if duration else None
     gc.freeze()  # per-sample objects die by refcount; spare the collector walking everything imported at start
     with TelemetryProbe(_probe_options(args, emit_samples=True)) as probe:
-        ring = probe.ring_buffer(on_sample)
+        ring = probe.ring_buffer(on_samples)
         try:
             while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
                 ring.poll(100)
@@ -219,19 +227,17 @@ def cmd_trace(args: argparse.Namespace) -> int:
         finally:
             ring.close()
             lost = probe.counters()
-    from .bpf_types import Counter
-
     if lost[Counter.SAMPLES_LOST]:
         print(f"ccscope: {lost[Counter.SAMPLES_LOST]} samples lost (ring buffer full)", file=sys.stderr)
     _quiet_stdout_close()
     return 0
 
 
-def _write_lines(lines: list[str]) -> bool:
+def _write_lines(lines: list[bytes]) -> bool:
     """Write every byte, also across partial writes a signal causes on a full pipe; False once the reader is
     gone (`ccscope trace | head`)."""
     sys.stdout.flush()
-    view = memoryview(("\n".join(lines) + "\n").encode())
+    view = memoryview(b"\n".join(lines) + b"\n")
     while view:
         try:
             view = view[os.write(sys.stdout.fileno(), view):]

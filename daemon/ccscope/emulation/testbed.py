@@ -31,7 +31,7 @@ from ccscope.errors import CcscopeError, UsageError
 from . import algorithms, backends, state
 from ._system import in_ns, need, sh
 from .netns import in_netns
-from .profile import PathProfile
+from .profile import ETH_FRAME, PathProfile
 
 SENDER_ADDR = "192.0.2.2"
 ROUTER_SENDER_ADDR = "192.0.2.1"
@@ -40,7 +40,6 @@ RECEIVER_ADDR = "198.51.100.2"
 # Offloads that would hand super-packets to the shaper (and GRO that builds them on receive).
 OFFLOADS = ("tso", "gso", "gro")
 UDP_PAYLOAD = 1472  # 1514-byte frames
-FRAME = 1514
 _RUN_ID = re.compile(r"^[a-z0-9]{1,16}$")
 
 
@@ -240,6 +239,15 @@ class Testbed:
         self._procs.append(proc)
         return proc
 
+    def wait_listening(self, ns: str, port: int, timeout: float = 5.0) -> None:
+        """Until something listens on TCP `port` in `ns` (a server we started is ready for clients)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.run(ns, ["ss", "-Hltn", f"sport = :{port}"], timeout=5).stdout.strip():
+                return
+            time.sleep(0.02)
+        raise CcscopeError(f"nothing listens on port {port} in {ns} after {timeout:g} s")
+
     def run(self, ns: str, argv: list[str], timeout: float, **kw) -> subprocess.CompletedProcess:
         """Runs argv in `ns` to completion; kills it and raises subprocess.TimeoutExpired after timeout."""
         kw.setdefault("stdout", subprocess.PIPE)
@@ -333,8 +341,8 @@ class Testbed:
         server = self.popen(self.receiver_ns, ["iperf3", "-s", "-1", "-p", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            _wait_port(self, port)
-            payload_rate = rate_bps * UDP_PAYLOAD / FRAME
+            self.wait_listening(self.receiver_ns, port)
+            payload_rate = rate_bps * UDP_PAYLOAD / ETH_FRAME
             client = self.popen(self.sender_ns, ["iperf3", "-c", self.receiver_addr, "-p", str(port), "-u", "-J",
                                                  "-l", str(UDP_PAYLOAD), "-b", str(int(payload_rate)),
                                                  "-t", str(seconds)],
@@ -414,12 +422,3 @@ def terminate(proc: subprocess.Popen, sig: int = signal.SIGTERM, grace_s: float 
         proc.wait(timeout=5)
 
 
-def _wait_port(tb: Testbed, port: int, timeout: float = 5.0) -> None:
-    """Waits until something listens on TCP `port` in the receiver namespace."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        out = sh(in_ns(tb.receiver_ns, ["ss", "-Hltn", f"sport = :{port}"]), check=False).stdout
-        if out.strip():
-            return
-        time.sleep(0.02)
-    raise CcscopeError(f"iperf3 server did not listen on port {port} within {timeout:g} s")

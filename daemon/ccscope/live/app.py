@@ -42,18 +42,26 @@ def static_files() -> dict[str, Path]:
 
 
 def table_source(probe, flow_filter: Callable[[], FlowFilter]) -> Callable[[], tuple[list[FlowRecord], int]]:
-    """Reads the kernel flow map for the table: namespace and port filters and the top TABLE_ROWS by bytes are
-    applied to the raw structs, so a host with 10k flows costs ~10k struct reads and TABLE_ROWS decodes."""
+    """Reads the kernel flow map for the table by columns: the namespace and port filters and the top TABLE_ROWS
+    by bytes are applied to the columns, so only the rows shown are decoded."""
 
     def read() -> tuple[list[FlowRecord], int]:
         wanted = flow_filter()
-        raws = [r for r in probe.read_flows() if (not wanted.netns or r.netns in wanted.netns)
-                and (not wanted.ports or r.sport in wanted.ports or r.dport in wanted.ports)]
+        columns = probe.read_flow_columns()
+        chosen: Iterable[int] = range(len(columns))
+        if wanted.netns:
+            netns = columns.column("netns")
+            chosen = [i for i in chosen if netns[i] in wanted.netns]
+        if wanted.ports:
+            sport, dport = columns.column("sport"), columns.column("dport")
+            chosen = [i for i in chosen if sport[i] in wanted.ports or dport[i] in wanted.ports]
         if wanted.cidrs:
-            flows = [f for f in map(decode, raws) if wanted.matches(f)]
+            flows = [f for f in (decode(columns.record(i)) for i in chosen) if wanted.matches(f)]
             return sorted(flows, key=lambda f: f.bytes_total, reverse=True)[:TABLE_ROWS], len(flows)
-        busiest = heapq.nlargest(TABLE_ROWS, raws, key=lambda r: r.bytes_acked + r.bytes_received)
-        return [decode(r) for r in busiest], len(raws)
+        chosen = list(chosen)
+        acked, received = columns.column("bytes_acked"), columns.column("bytes_received")
+        busiest = heapq.nlargest(TABLE_ROWS, chosen, key=lambda i: acked[i] + received[i])
+        return [decode(columns.record(i)) for i in busiest], len(chosen)
 
     return read
 

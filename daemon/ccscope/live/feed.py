@@ -18,7 +18,7 @@ class SampleFeed:
         self._probe = probe
         self._interval_ns = sample_interval_ns
         self._lock = threading.Lock()
-        self._ring = probe.ring_buffer(hub.on_record, raw=True)
+        self._ring = probe.ring_buffer(hub.on_records, raw=True)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, name="ccscope-live-feed", daemon=True)
         self._thread.start()

@@ -193,7 +193,7 @@ class Hub:
                  on_clients: Callable[[int], None] | None = None, mode: str = "daemon") -> None:
         self.flow_filter = flow_filter or FlowFilter()
         self.mode = mode
-        self._table_source = table_source
+        self.table_source = table_source
         self._table_rows = table_rows or (lambda flows: {})
         self.on_clients = on_clients
         self._lock = threading.Lock()
@@ -224,6 +224,11 @@ class Hub:
         self._thread.start()
 
     # --- input -------------------------------------------------------------------------------------
+
+    def on_records(self, records: list[bytes]) -> None:
+        """One poll's raw ring-buffer records (the daemon's feed)."""
+        for data in records:
+            self.on_record(data)
 
     def on_record(self, data: bytes) -> None:
         """A raw ring-buffer record: most are decimated away on the header alone, before any unpacking."""
@@ -401,7 +406,7 @@ class Hub:
             self._send_all(f"event: points\ndata: {{{','.join(parts)}}}\n\n".encode())
         if slow:
             self._table_at = now
-            if self._table_source:
+            if self.table_source:
                 self._table = self._table_rows(self._read_table(now))
                 self._send_all(event("table", self._table))
 
@@ -409,7 +414,7 @@ class Hub:
         """The kernel map's flows (re-read as often as its cost allows), with the sampled flows' rows replaced by
         their latest sample: the flows being charted stay current even when the map is read rarely."""
         if now - self._table_read_at >= self._table_every:
-            self._map_flows, self._map_total = self._table_source()
+            self._map_flows, self._map_total = self.table_source()
             took = time.monotonic() - now
             self._table_read_at = now
             # reading every flow of a busy host (10k flows: ~0.1 s) must not become the daemon's main work

@@ -1,16 +1,29 @@
 """report.html, PNG plots and the terminal summary, from results.json and the per-flow CSVs only
-(so `ccscope report DIR` can re-render any results directory)."""
+(so `ccscope report DIR` can re-render any results directory).
+
+The CSVs are read through confined.py and parsed completely by load_series() before render() writes
+anything, so a bad results directory is one line and leaves no half-written report behind."""
 
 from __future__ import annotations
 
 import csv
 import html
+import io
+import math
+import sys
 from pathlib import Path
 
 import matplotlib
 
+from ccscope.errors import UsageError
+from ccscope.units import format_bytes
+
+from . import confined
+from .store import write_atomic
+
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt
+matplotlib.rcParams["text.parse_math"] = False  # names and descriptions are text, never TeX
+import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
 
 COLORS = {"reno": "#1f77b4", "cubic": "#d62728", "bbr": "#2ca02c", "vegas": "#9467bd", "westwood": "#8c564b"}
 MARKERS = ("o", "s", "^", "D", "v", "P", "X")
@@ -24,21 +37,68 @@ def color(alg: str) -> str:
     return COLORS[alg]
 
 
-def _read_csv(path: Path) -> list[dict]:
+PLOTTED_COLUMNS = ("cwnd_segments", "throughput_mbps", "srtt_ms", "rtt_ms")
+Series = dict[str, dict[str, tuple[list[float], list[float]]]]  # csv path -> column -> (times, values)
+
+
+def load_series(directory: Path, doc: dict) -> Series:
+    """The plotted columns of every CSV the plots use; checks every CSV path in the document."""
+    plotted = set()
+    for run in _first_runs(doc):
+        plotted.update(f["csv"] for f in [*run["flows"], *run["downloads"]] if f.get("csv"))
+        if run.get("ping") and run["ping"].get("csv"):
+            plotted.add(run["ping"]["csv"])
+    plots = directory / "plots"
+    if plots.is_symlink() or (plots.exists() and not plots.is_dir()):
+        raise UsageError(f"{plots}: not a directory (the report writes its plots there)")
+    out: Series = {}
+    for where, path in _csv_paths(doc):
+        confined.inside(directory, path, where)
+        if path in plotted and path not in out:
+            text = confined.read_text(directory, path, where, confined.MAX_CSV_BYTES)
+            if text is None:
+                print(f"ccscope: note: {path} is missing; its flow is not plotted", file=sys.stderr)
+            out[path] = _parse_csv(text or "", f"{directory}/{path}")
+    return out
+
+
+def _csv_paths(doc: dict):
+    for i, run in enumerate(doc["runs"]):
+        for kind in ("flows", "downloads"):
+            for j, flow in enumerate(run[kind]):
+                if flow.get("csv") is not None:
+                    yield f"results.json: runs[{i}].{kind}[{j}].csv", flow["csv"]
+        if run.get("ping") and run["ping"].get("csv") is not None:
+            yield f"results.json: runs[{i}].ping.csv", run["ping"]["csv"]
+
+
+def _parse_csv(text: str, where: str) -> dict[str, tuple[list[float], list[float]]]:
+    columns: dict[str, tuple[list[float], list[float]]] = {}
     try:
-        with path.open() as fh:
-            return list(csv.DictReader(fh))
-    except OSError:
-        return []
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        wanted = [c for c in PLOTTED_COLUMNS if c in (reader.fieldnames or [])]
+        if text and (not reader.fieldnames or "time_s" not in reader.fieldnames):
+            raise UsageError(f"{where}: no time_s column in the first line")
+        for key in wanted:
+            columns[key] = ([], [])
+        for row in reader:
+            for key in wanted:
+                if row.get(key) not in (None, ""):
+                    columns[key][0].append(_number(row.get("time_s"), where, reader.line_num, "time_s"))
+                    columns[key][1].append(_number(row[key], where, reader.line_num, key))
+    except csv.Error as exc:
+        raise UsageError(f"{where}: not valid CSV: {exc}") from None
+    return columns
 
 
-def _col(rows: list[dict], key: str) -> tuple[list[float], list[float]]:
-    xs, ys = [], []
-    for r in rows:
-        if r.get(key) not in (None, ""):
-            xs.append(float(r["time_s"]))
-            ys.append(float(r[key]))
-    return xs, ys
+def _number(text, where: str, line: int, column: str) -> float:
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not math.isfinite(value):
+        raise UsageError(f"{where}: line {line}: {column} {str(text)[:40]!r} is not a number")
+    return value
 
 
 # --- plots -----------------------------------------------------------------------------------------
@@ -55,11 +115,14 @@ def _first_runs(doc: dict) -> list[dict]:
     return out
 
 
+MAX_PANELS = 40  # profiles in one figure, bars in the loss plot: beyond that a figure is unreadable (and huge)
+
+
 def _profiles(doc: dict) -> list[str]:
-    return [p for p in doc["profiles"] if any(r["profile"] == p for r in doc["runs"])]
+    return [p for p in doc["profiles"] if any(r["profile"] == p for r in doc["runs"])][:MAX_PANELS]
 
 
-def plot_timeseries(directory: Path, doc: dict, column: str, ylabel: str, name: str, title: str,
+def plot_timeseries(directory: Path, doc: dict, series: Series, column: str, ylabel: str, name: str, title: str,
                     with_ping: bool = False) -> str | None:
     profiles = _profiles(doc)
     if not profiles:
@@ -73,7 +136,7 @@ def plot_timeseries(directory: Path, doc: dict, column: str, ylabel: str, name: 
                 continue
             flows = [f for f in run["flows"] if f.get("csv")] or [d for d in run["downloads"] if d.get("csv")]
             for i, flow in enumerate(flows):
-                xs, ys = _col(_read_csv(directory / flow["csv"]), column)
+                xs, ys = series.get(flow["csv"], {}).get(column, ([], []))
                 if not xs:
                     continue
                 alg = flow["algorithm"]
@@ -84,7 +147,7 @@ def plot_timeseries(directory: Path, doc: dict, column: str, ylabel: str, name: 
                 labelled.add(label)
                 drew = True
             if with_ping and run.get("ping") and run["ping"].get("csv"):
-                xs, ys = _col(_read_csv(directory / run["ping"]["csv"]), "rtt_ms")
+                xs, ys = series.get(run["ping"]["csv"], {}).get("rtt_ms", ([], []))
                 ping_label = f"ping ({run['algorithms']})"
                 ax.scatter(xs, ys, s=10, color=color(run["algorithms"].split("+")[0]), alpha=0.35, marker=".",
                            label=None if ping_label in labelled else ping_label)
@@ -109,6 +172,8 @@ def plot_tradeoff(directory: Path, doc: dict) -> str | None:
     if not rows:
         return None
     profiles = [p for p in _profiles(doc) if any(r["profile"] == p for r in rows)]
+    if not profiles:  # summary rows of profiles without runs: a hand-edited document
+        return None
     fig, axes = plt.subplots(1, len(profiles), figsize=(4.8 * len(profiles) + 0.6, 4.6), squeeze=False)
     for ax, profile in zip(axes[0], profiles, strict=True):
         mine = [r for r in rows if r["profile"] == profile]
@@ -147,7 +212,7 @@ def plot_tradeoff(directory: Path, doc: dict) -> str | None:
 
 def plot_loss(directory: Path, doc: dict) -> str | None:
     rows = [r for r in doc["summary"] if r["retransmit_ratio"]["mean"] is not None
-            or r["link_drop_ratio"]["mean"] is not None]
+            or r["link_drop_ratio"]["mean"] is not None][:MAX_PANELS]
     if not rows:
         return None
     fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(rows) + 2), 4.5))
@@ -176,6 +241,8 @@ def plot_downloads(directory: Path, doc: dict) -> str | None:
     if not any(r["downloads"] for r in doc["runs"]):
         return None
     profiles = [p for p in _profiles(doc) if any(r["downloads"] for r in doc["runs"] if r["profile"] == p)]
+    if not profiles:
+        return None
     fig, axes = plt.subplots(1, len(profiles), figsize=(4.5 * len(profiles) + 1, 4.2), squeeze=False, sharey=True)
     for ax, profile in zip(axes[0], profiles, strict=True):
         for alg in sorted({d["algorithm"] for r in doc["runs"] if r["profile"] == profile for d in r["downloads"]}):
@@ -185,8 +252,7 @@ def plot_downloads(directory: Path, doc: dict) -> str | None:
             if done:
                 ax.scatter([s for s, _ in done], [t for _, t in done], color=color(alg), label=alg, s=22, alpha=0.7)
             if failed:
-                limit = doc["scenario"]["definition"].get("traffic", {}).get("downloads", {}).get("timeout")
-                ys = [_timeout_s(limit) for _ in failed]
+                ys = [_download_timeout_s(doc) for _ in failed]
                 ax.scatter(failed, ys, color=color(alg), marker="x", s=60,
                            label=f"{alg}: incomplete at the time limit")
         ax.set_xscale("log")
@@ -201,19 +267,23 @@ def plot_downloads(directory: Path, doc: dict) -> str | None:
     return _save(fig, directory, "downloads.png")
 
 
-def _timeout_s(raw) -> float:
-    from .spec import _seconds
-
-    try:
-        return _seconds(raw, "timeout", 0, 1e9)
-    except Exception:
-        return 1.0
+def _download_timeout_s(doc: dict) -> float:
+    """Where an incomplete download is drawn: at its time limit (results before the limit was recorded
+    plot it above the slowest complete transfer)."""
+    limit = doc["scenario"].get("download_timeout_s")
+    if limit is not None:
+        return limit
+    times = [d["completion_time_s"] for r in doc["runs"] for d in r["downloads"]
+             if d["complete"] and d["completion_time_s"] is not None]
+    return max(times, default=1.0) * 1.1
 
 
 def _save(fig, directory: Path, name: str) -> str:
     (directory / "plots").mkdir(exist_ok=True)
-    fig.savefig(directory / "plots" / name, dpi=110)
+    image = io.BytesIO()
+    fig.savefig(image, format="png", dpi=110)
     plt.close(fig)
+    write_atomic(directory / "plots" / name, image.getvalue())
     return f"plots/{name}"
 
 
@@ -242,15 +312,9 @@ def _downloads_cell(row: dict) -> str:
     parts = []
     for size, s in d["by_size"].items():
         t = s["completion_time_median_s"]
-        parts.append(f"{_size(int(size))}:{s['complete']}/{s['total']}" + (f" {t:.2f}s" if t is not None else ""))
+        median = f" {t:.2f}s" if t is not None else ""
+        parts.append(f"{format_bytes(int(size))}:{s['complete']}/{s['total']}{median}")
     return " ".join(parts)
-
-
-def _size(n: int) -> str:
-    for unit, scale in (("MB", 1e6), ("KB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:g}{unit}"
-    return f"{n}B"
 
 
 COLUMNS = (("profile", lambda r: r["profile"]),
@@ -276,6 +340,8 @@ def summary_table(doc: dict) -> str:
     lines = ["  ".join(v.ljust(w) if i < 2 else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths, strict=True)))
              for row in cells]
     note = "± is the 95% confidence interval over runs" if doc["runs_per_unit"] > 1 else "1 run per cell: no interval"
+    if not doc["complete"]:
+        note += f"; INCOMPLETE: {len(doc['runs'])} of {len(doc['run_order'])} runs"
     return f"\n{doc['scenario']['name']} ({note})\n" + "\n".join(lines)
 
 
@@ -294,21 +360,51 @@ def _table(header: list[str], rows: list[list[str]], numeric_from: int = 2) -> s
     return f"<table><tr>{h}</tr>{body}</table>"
 
 
-def render(directory: Path, doc: dict) -> Path:
-    plots = [p for p in (
-        plot_timeseries(directory, doc, "cwnd_segments", "cwnd (segments)", "cwnd.png", "congestion window"),
-        plot_timeseries(directory, doc, "throughput_mbps", "throughput (Mbit/s, 200 ms window)", "throughput.png",
-                        "throughput"),
-        plot_timeseries(directory, doc, "srtt_ms", "RTT (ms): srtt lines, ping dots", "rtt.png", "RTT",
+def render(directory: Path, doc: dict, series: Series | None = None) -> Path:
+    """report.html and the PNGs it shows, from results.json and the per-flow CSVs (load_series, which
+    checks and reads them all before anything is written; pass its result if you have it already)."""
+    plots = _draw_plots(directory, doc, load_series(directory, doc) if series is None else series)
+    sections = (_html_header(doc), _html_incomplete(directory, doc), _html_problems(doc), _html_summary(doc),
+                _html_plots(plots), _html_profiles(doc), _html_runs(doc), _html_downloads(doc),
+                _html_environment(doc), _html_footer(doc))
+    path = directory / "report.html"
+    write_atomic(path, "\n".join(part for part in sections if part) + "\n")
+    return path
+
+
+def _draw_plots(directory: Path, doc: dict, series: Series) -> list[str]:
+    return [p for p in (
+        plot_timeseries(directory, doc, series, "cwnd_segments", "cwnd (segments)", "cwnd.png", "congestion window"),
+        plot_timeseries(directory, doc, series, "throughput_mbps", "throughput (Mbit/s, 200 ms window)",
+                        "throughput.png", "throughput"),
+        plot_timeseries(directory, doc, series, "srtt_ms", "RTT (ms): srtt lines, ping dots", "rtt.png", "RTT",
                         with_ping=True),
         plot_tradeoff(directory, doc), plot_loss(directory, doc), plot_downloads(directory, doc)) if p]
-    env = doc["environment"]
-    parts = [f"<!doctype html><meta charset=utf-8><title>ccscope: {html.escape(doc['scenario']['name'])}</title>",
-             f"<style>{_CSS}</style>", f"<h1>{html.escape(doc['scenario']['name'])}</h1>",
-             f"<p>{html.escape(doc['scenario']['description'])}</p>",
-             f"<p>{len(doc['runs'])} runs, {doc['runs_per_unit']} per profile × algorithm"
-             f"{' (quick)' if doc['quick'] else ''}; bulk flows {doc['scenario']['duration_s']:g} s with the first "
-             f"{doc['scenario']['warmup_s']:g} s trimmed; started {html.escape(doc['started_at'])}.</p>"]
+
+
+def _html_header(doc: dict) -> str:
+    scenario = doc["scenario"]
+    return "\n".join([
+        f"<!doctype html><meta charset=utf-8><title>ccscope: {html.escape(scenario['name'])}</title>",
+        f"<style>{_CSS}</style>", f"<h1>{html.escape(scenario['name'])}</h1>",
+        f"<p>{html.escape(scenario['description'])}</p>",
+        f"<p>{len(doc['runs'])} runs, {doc['runs_per_unit']} per profile × algorithm"
+        f"{' (quick)' if doc['quick'] else ''}; bulk flows {scenario['duration_s']:g} s with the first "
+        f"{scenario['warmup_s']:g} s trimmed; started {html.escape(doc['started_at'])}.</p>"])
+
+
+def _html_incomplete(directory: Path, doc: dict) -> str:
+    if doc["complete"]:
+        return ""
+    why = f", interrupted by {doc['interrupted']}" if doc["interrupted"] else ""
+    missing = ", ".join(doc["missing_runs"][:20]) + (", ..." if len(doc["missing_runs"]) > 20 else "")
+    return (f"<h2 class=err>Incomplete: {len(doc['runs'])} of {len(doc['run_order'])} runs{html.escape(why)}</h2>"
+            f"<p class=err>Missing: {html.escape(missing)}. Finish with the scenario's command and "
+            f"<code>--resume {html.escape(str(directory))}</code>.</p>")
+
+
+def _html_problems(doc: dict) -> str:
+    parts = []
     if doc["errors"]:
         parts.append("<h2 class=err>Errors</h2><ul class=err>" +
                      "".join(f"<li>{html.escape(e)}</li>" for e in doc["errors"]) + "</ul>")
@@ -317,32 +413,55 @@ def render(directory: Path, doc: dict) -> Path:
     if doc["skipped_algorithms"]:
         skipped = html.escape(", ".join(doc["skipped_algorithms"]))
         parts.append(f"<p>Not available in this kernel, skipped: {skipped}</p>")
+    return "\n".join(parts)
+
+
+def _html_summary(doc: dict) -> str:
     used = [c for c in COLUMNS if any(c[1](r) != "-" for r in doc["summary"]) or c[0] in ("profile", "algorithm")]
-    parts.append("<h2>Summary</h2>" + _table([c[0] for c in used], [[c[1](r) for c in used] for r in doc["summary"]]))
-    parts.append("<p>Goodput: bytes acknowledged over each flow's active window after the warm-up. srtt: the "
-                 "kernel's smoothed RTT sampled by ccscope's BPF probe. ± is the 95% confidence interval (Student t) "
-                 "over runs. Definitions: docs/scenarios.md.</p>")
-    parts.append("<h2>Plots</h2>" + "".join(f"<p><img src='{p}' alt='{p}'></p>" for p in plots))
-    parts.append("<h2>Profiles</h2>" + _table(["profile", "path", "base RTT ms", "BDP bytes"], [
+    return "\n".join([
+        "<h2>Summary</h2>" + _table([c[0] for c in used], [[c[1](r) for c in used] for r in doc["summary"]]),
+        "<p>Goodput: bytes acknowledged over each flow's active window after the warm-up. srtt: the "
+        "kernel's smoothed RTT sampled by ccscope's BPF probe. ± is the 95% confidence interval (Student t) "
+        "over runs. Definitions: docs/scenarios.md.</p>"])
+
+
+def _html_plots(plots: list[str]) -> str:
+    return "<h2>Plots</h2>" + "".join(f"<p><img src='{p}' alt='{p}'></p>" for p in plots)
+
+
+def _html_profiles(doc: dict) -> str:
+    part = "<h2>Profiles</h2>" + _table(["profile", "path", "base RTT ms", "BDP bytes"], [
         [n, p["description"], f"{p['base_rtt_s'] * 1e3:g}", f"{p['bdp_bytes']:.0f}"]
         for n, p in doc["profiles"].items()],
-        numeric_from=2))
+        numeric_from=2)
     if doc["emulation_checks"]:
-        parts.append("<h3>Emulation check (unloaded ping RTT, UDP rate probe)</h3>" + _table(
+        part += "\n<h3>Emulation check (unloaded ping RTT, UDP rate probe)</h3>" + _table(
             ["profile", "ok", "result"], [[n, "yes" if c["ok"] else "NO", c["message"]]
-                                          for n, c in doc["emulation_checks"].items()], numeric_from=9))
-    parts.append("<h2>Runs</h2>" + _table(
+                                          for n, c in doc["emulation_checks"].items()], numeric_from=9)
+    return part
+
+
+def _html_runs(doc: dict) -> str:
+    return "<h2>Runs</h2>" + _table(
         ["#", "run", "backend", "s", "flows: algorithm requested / kernel / iperf3, goodput Mbit/s", "errors"],
         [[r["position"], r["label"], r["backend"], f"{r['duration_s']:.1f}",
           "; ".join(f"{f['id']} {f['algorithm']}/{f['algorithm_kernel']}/{f['algorithm_iperf3']} "
                     f"{(f['goodput_bps'] or 0) / 1e6:.2f}" for f in r["flows"]) or "-",
-          "; ".join(r["errors"]) or "-"] for r in doc["runs"]], numeric_from=9))
-    downloads = [[r["label"], d["id"], _size(d["size_bytes"]), "yes" if d["complete"] else "NO (incomplete)",
+          "; ".join(r["errors"]) or "-"] for r in doc["runs"]], numeric_from=9)
+
+
+def _html_downloads(doc: dict) -> str:
+    downloads = [[r["label"], d["id"], format_bytes(d["size_bytes"]), "yes" if d["complete"] else "NO (incomplete)",
                   "-" if d["completion_time_s"] is None else f"{d['completion_time_s']:.3f}", d["received_bytes"],
                   d.get("error") or ""] for r in doc["runs"] for d in r["downloads"]]
-    if downloads:
-        parts.append("<h2>Downloads</h2>" + _table(["run", "id", "size", "complete", "time s", "bytes received",
-                                                    "note"], downloads, numeric_from=9))
+    if not downloads:
+        return ""
+    return "<h2>Downloads</h2>" + _table(["run", "id", "size", "complete", "time s", "bytes received", "note"],
+                                         downloads, numeric_from=9)
+
+
+def _html_environment(doc: dict) -> str:
+    env = doc["environment"]
     env_rows = [[k, v if not isinstance(v, dict | list) else ", ".join(
         f"{a}={b}" for a, b in v.items()) if isinstance(v, dict) else ", ".join(map(str, v))]
         for k, v in env.items() if k not in ("sysctls", "offloads", "sysctls_sender_ns")]
@@ -352,10 +471,10 @@ def render(directory: Path, doc: dict) -> Path:
                  for k, v in env.get("offloads", {}).items()]
     backends = sorted({r["backend"] for r in doc["runs"]})
     env_rows.insert(0, ["emulation backend", ", ".join(backends)])
-    parts.append("<h2>Environment</h2>" + _table(["what", "value"], env_rows, numeric_from=9))
-    parts.append("<p>Data: <code>results.json</code> (schema version "
-                 f"{doc['schema_version']}) and per-flow CSVs in <code>flows/</code>. "
-                 "Re-render with <code>ccscope report DIR</code>.</p>")
-    path = directory / "report.html"
-    path.write_text("\n".join(parts) + "\n")
-    return path
+    return "<h2>Environment</h2>" + _table(["what", "value"], env_rows, numeric_from=9)
+
+
+def _html_footer(doc: dict) -> str:
+    return ("<p>Data: <code>results.json</code> (schema version "
+            f"{doc['schema_version']}) and per-flow CSVs in <code>flows/</code>. "
+            "Re-render with <code>ccscope report DIR</code>.</p>")

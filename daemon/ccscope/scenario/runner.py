@@ -5,29 +5,38 @@ from __future__ import annotations
 
 import contextlib
 import os
-import platform
 import random
-import shutil
-import subprocess
+import signal
 import sys
-import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 
-from ccscope import __version__
-from ccscope.errors import PrerequisiteError, UsageError
+from prometheus_client import CollectorRegistry
+
+from ccscope.emulation import state
+from ccscope.emulation.algorithms import available_algorithms
+from ccscope.emulation.testbed import Testbed
+from ccscope.errors import CcscopeError, PrerequisiteError, UsageError
+from ccscope.exporter import FlowCollector
+from ccscope.flows import FlowFilter, FlowSelection, FlowTable
+from ccscope.hosttools import SCENARIO_TOOLS, need
+from ccscope.live.app import LiveApp, table_rows, table_source
+from ccscope.live.hub import Hub
+from ccscope.live.metrics import LiveCollector
+from ccscope.loader import ProbeOptions, TelemetryProbe, preflight
+from ccscope.server import MetricsServer
+from ccscope.units import parse_listen
 
 from . import analysis, results
+from .environment import namespace_sysctls, now_iso
 from .progress import Progress
-from .recorder import CSV_COLUMNS, FlowSeries, Recorder
+from .recorder import FlowSeries, Recorder, csv_text
 from .spec import Scenario, mix_label
+from .store import Store, signals_held
 from .traffic import FETCH_PORT, BulkFlow, TrafficResult, planned_seconds, run_traffic
 
-SYSCTLS = ("net.ipv4.tcp_congestion_control", "net.ipv4.tcp_allowed_congestion_control",
-           "net.ipv4.tcp_available_congestion_control", "net.core.default_qdisc", "net.ipv4.tcp_rmem",
-           "net.ipv4.tcp_wmem", "net.ipv4.tcp_ecn", "net.ipv4.tcp_no_metrics_save", "net.ipv4.tcp_sack",
-           "net.ipv4.tcp_timestamps", "net.ipv4.tcp_slow_start_after_idle")
 THROUGHPUT_WINDOW_S = 0.2  # flent samples throughput every 0.2 s
 
 
@@ -40,6 +49,16 @@ class Options:
     backend: str = "auto"
     quick: bool = False
     verify: bool = True
+    resume: Path | None = None  # a results directory to complete
+    cleanup_stale: bool = False  # remove a killed run's leftovers instead of refusing to start
+
+
+class Interrupted(CcscopeError):
+    """SIGINT/SIGTERM/SIGHUP: the completed runs are saved, the emulation is torn down."""
+
+    def __init__(self, signum: int, problem: str, fix: str) -> None:
+        super().__init__(problem, fix)
+        self.exit_code = 128 + signum
 
 
 @dataclass(frozen=True)
@@ -54,21 +73,14 @@ class Unit:
 
 
 def check_prerequisites() -> None:
-    from ccscope.loader import preflight
-
     if os.geteuid() != 0:
         raise PrerequisiteError("scenarios need root (network namespaces, BPF, sysctls)", "run with sudo")
-    for tool, package in (("iperf3", "iperf3"), ("ping", "iputils-ping"), ("ss", "iproute2"),
-                          ("ip", "iproute2"), ("tc", "iproute2"), ("ethtool", "ethtool")):
-        if not shutil.which(tool):
-            raise PrerequisiteError(f"{tool} not found", f"install it: apt-get install {package}")
+    need(*SCENARIO_TOOLS)
     preflight()
 
 
 def select_algorithms(scenario: Scenario, skip_unavailable: bool) -> tuple[Scenario, list[str]]:
     """Drops algorithms the kernel lacks if optional (or with --skip-unavailable); else one clear error."""
-    from ccscope.emulation.algorithms import available_algorithms
-
     available = available_algorithms()
     missing = [a for a in scenario.all_algorithms if a not in available]
     required = [a for a in missing if a not in scenario.optional_algorithms]
@@ -95,111 +107,199 @@ def default_out(scenario: Scenario) -> Path:
 
 
 def run(scenario: Scenario, options: Options, finish=None) -> tuple[Path, dict]:
-    """`finish(out, doc)`, if given, runs while the live page is still served and returns the report's path."""
+    """Runs the scenario's units (only the missing ones with --resume); each completed run is saved at
+    once (see store.py). SIGINT/SIGTERM/SIGHUP tear down, save what completed and raise Interrupted.
+    `finish(out, doc)`, if given, writes the report (its path returned) while the live page still serves."""
     check_prerequisites()
     scenario, skipped = select_algorithms(scenario, options.skip_unavailable)
-    from ccscope.emulation.testbed import Testbed  # noqa: F401  (fail before creating anything)
-
-    out = options.out or default_out(scenario)
-    if out.exists() and any(out.iterdir()):
-        raise UsageError(f"--out {out}: directory exists and is not empty")
     units = plan(scenario)
+    fresh = results.new_document(scenario, units, skipped, options.quick, options.backend)
+    out = options.resume or options.out or default_out(scenario)
+    if options.resume is None and out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UsageError(f"--out {out}: {'directory exists and is not empty' if out.is_dir() else 'not a directory'}")
+    store, doc = _open(out, fresh, options)
     for name in skipped:
         print(f"ccscope: {name} is not available in this kernel; running without it", file=sys.stderr)
-    (out / "flows").mkdir(parents=True, exist_ok=True)
-    doc = results.new_document(scenario, units, skipped, options.quick)
-    with _telemetry(scenario, options) as (recorder, collector, endpoint, live):
+    with contextlib.ExitStack() as stack:
+        stack.callback(store.close)  # also when the endpoint cannot start
+        endpoint = stack.enter_context(_endpoint(options))
         if endpoint:
-            print(f"ccscope: live page http://{endpoint}/ (Prometheus: http://{endpoint}/metrics)",
-                  file=sys.stderr, flush=True)
-        if live:
-            live.hub.scenario_plan(scenario.name, list(scenario.profiles),
-                                   [mix_label(m) for m in scenario.algorithms], len(units))
-        progress = Progress(len(units), planned_seconds(scenario), listener=live and live.hub.scenario_event)
-        verified: set[str] = set()
-        for position, unit in enumerate(units, 1):
-            record = _run_unit(scenario, unit, position, out, recorder, collector, progress, options,
-                               verify=options.verify and unit.profile not in verified, doc=doc)
-            verified.add(unit.profile)
-            doc["runs"].append(record)
-            progress.done(record)
-        doc["finished_at"] = _now_iso()
-        doc["summary"] = analysis.summarize(doc["runs"], scenario)
-        doc["errors"] += [f"{r['label']}: {e}" for r in doc["runs"] for e in r["errors"]]
-        results.validate(doc)
-        results.write(out, doc)
+            endpoint.hub.scenario_plan(scenario.name, list(scenario.profiles),
+                                       [mix_label(m) for m in scenario.algorithms], len(units))
+        old_handlers = _raise_on_signals()
+        try:
+            _run_missing(scenario, units, doc, store, out, options, endpoint)
+        except (KeyboardInterrupt, SystemExit) as exc:
+            signum = signal.SIGINT if isinstance(exc, KeyboardInterrupt) else _signal_of(exc)
+            if signum is None:
+                raise
+            with signals_held():
+                doc["interrupted"] = signal.Signals(signum).name
+                store.write(doc)
+            raise Interrupted(signum, f"interrupted by {signal.Signals(signum).name} after {len(doc['runs'])} of "
+                                      f"{len(units)} runs; they are saved in {out}/results.json",
+                              f"finish with the same command and --resume {out}") from None
+        except BaseException:
+            if doc["runs"]:
+                print(f"ccscope: {len(doc['runs'])} of {len(units)} runs are saved in {out}/results.json "
+                      f"(finish with the same command and --resume {out})", file=sys.stderr)
+            raise
+        finally:
+            _restore_signals(old_handlers)
+            store.close()
+        doc["finished_at"] = now_iso()
+        doc["interrupted"] = None
+        store.write(doc)
         if finish:
             report = finish(out, doc)
-            if live:
-                live.report_dir = out
-                live.hub.scenario_report(str(report), f"report/{report.name}")
+            if endpoint:
+                endpoint.show_report(out, report)
     return out, doc
 
 
+def _run_missing(scenario: Scenario, units: list[Unit], doc: dict, store: Store, out: Path,
+                 options: Options, endpoint: Endpoint | None) -> None:
+    todo = [(position, unit) for position, unit in enumerate(units, 1) if unit.label in doc["missing_runs"]]
+    if not todo:
+        return
+    with _telemetry(scenario, endpoint) as (recorder, collector):
+        progress = Progress(len(units), planned_seconds(scenario), listener=endpoint and endpoint.hub.scenario_event)
+        verified: set[str] = set(doc["emulation_checks"])
+        for position, unit in todo:
+            record = _run_unit(scenario, unit, position, out, recorder, collector, progress, options,
+                               verify=options.verify and unit.profile not in verified, doc=doc)
+            verified.add(unit.profile)
+            store.add_run(doc, record)
+            progress.done(record)
+
+
+def _open(out: Path, fresh: dict, options: Options) -> tuple[Store, dict]:
+    """A new results directory, or the one to resume if `fresh` (this invocation's plan) is the scenario
+    that wrote it; a dead run's leftovers are refused (or removed) before anything is written."""
+    if options.resume is None:
+        _refuse_stale(options.cleanup_stale)
+        try:
+            (out / "flows").mkdir(parents=True, exist_ok=True)
+            return Store.create(out, fresh), fresh
+        except OSError as exc:
+            raise UsageError(f"--out {out}: cannot create: {exc.strerror}") from None
+    store, doc = Store.resume(out)
+    try:
+        differs = results.identity_mismatch(doc, fresh)
+        if differs:
+            raise UsageError(f"--resume {out}: the scenario differs from the one that wrote it: {differs}")
+        _refuse_stale(options.cleanup_stale)
+    except BaseException:
+        store.close()
+        raise
+    print(f"ccscope: resuming {out}: {len(doc['runs'])} of {len(doc['run_order'])} runs done, "
+          f"{len(doc['missing_runs'])} to run", file=sys.stderr)
+    doc["resumed_at"].append(now_iso())
+    doc["interrupted"] = None
+    return store, doc
+
+
+def _refuse_stale(cleanup: bool) -> None:
+    """A killed run's namespaces, delay lines and iperf3 would compete with this run for the CPU."""
+    leftovers = state.dead_leftovers()
+    if not leftovers:
+        return
+    if not cleanup:
+        raise PrerequisiteError(f"a killed run left {leftovers.describe()} behind; they would compete with this "
+                                "run for CPU", "run `ccscope cleanup`, or add --cleanup-stale")
+    state.cleanup_all(include_live=False)
+    print(f"ccscope: removed what a killed run left behind: {leftovers.describe()}", file=sys.stderr)
+
+
+def _signal_of(exc: SystemExit) -> int | None:
+    """Testbed (and _raise_on_signals) turn SIGTERM/SIGHUP into SystemExit(128 + signal number)."""
+    code = exc.code if isinstance(exc.code, int) else None
+    return code - 128 if code in (128 + signal.SIGTERM, 128 + signal.SIGHUP) else None
+
+
+def _raise_on_signals() -> dict:
+    """Outside a Testbed too, SIGTERM/SIGHUP unwind like Ctrl-C, so the runs so far are saved."""
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+
+    old = {}
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        with contextlib.suppress(ValueError):  # not the main thread
+            old[sig] = signal.signal(sig, stop)
+    return old
+
+
+def _restore_signals(old: dict) -> None:
+    for sig, handler in old.items():
+        signal.signal(sig, handler)
+
+
+@dataclass
+class Endpoint:
+    """The live page and /metrics on one listener, up for the whole invocation (the report link included)."""
+
+    registry: CollectorRegistry
+    app: LiveApp
+    hub: Hub
+
+    def show_report(self, out: Path, report: Path) -> None:
+        self.app.report_dir = out
+        self.hub.scenario_report(str(report), f"report/{report.name}")
+
+
 @contextlib.contextmanager
-def _telemetry(scenario: Scenario, options: Options):
-    from prometheus_client import CollectorRegistry
+def _endpoint(options: Options) -> Iterator[Endpoint | None]:
+    if not options.listen:
+        yield None
+        return
+    host, port = parse_listen(options.listen)
+    registry = CollectorRegistry()
+    hub = Hub(mode="scenario", table_rows=table_rows)
+    try:
+        endpoint = Endpoint(registry, LiveApp(hub), hub)
+        registry.register(LiveCollector(hub))
+        try:
+            server = MetricsServer(registry, host, port, live=endpoint.app)
+        except PrerequisiteError as exc:
+            if options.listen_explicit:
+                raise
+            # the default port is taken (a `ccscope daemon` on this host, say): any free port will do
+            print(f"ccscope: {exc.line()}; the live page takes a free port instead", file=sys.stderr)
+            server = MetricsServer(registry, host, 0, live=endpoint.app)
+    except BaseException:
+        hub.close()
+        raise
+    where = f"[{host}]:{server.port}" if ":" in host else f"{host}:{server.port}"
+    print(f"ccscope: live page http://{where}/ (Prometheus: http://{where}/metrics)", file=sys.stderr, flush=True)
+    try:
+        yield endpoint
+    finally:
+        hub.close()
+        server.close()
 
-    from ccscope.exporter import FlowCollector
-    from ccscope.flows import FlowFilter, FlowSelection, FlowTable
-    from ccscope.live.metrics import LiveCollector
-    from ccscope.loader import ProbeOptions, TelemetryProbe
-    from ccscope.server import MetricsServer
-    from ccscope.units import parse_listen
 
-    listen = parse_listen(options.listen) if options.listen else None
+@contextlib.contextmanager
+def _telemetry(scenario: Scenario, endpoint: Endpoint | None):
+    """The BPF probe and recorder for the runs; their flows on the endpoint while it is open."""
     probe_options = ProbeOptions(emit_samples=True, sample_interval_ns=int(scenario.sample_interval_s * 1e9))
     with TelemetryProbe(probe_options) as probe:
         table = FlowTable(probe, grace_s=5.0)
         collector = FlowCollector(table, FlowSelection("all"), FlowFilter(netns={0}))
-        server = live = None
-        if listen:
-            registry = CollectorRegistry()
-            registry.register(collector)
-            live = _live_page(probe, collector)
-            registry.register(LiveCollector(live.hub))
-            try:
-                server = MetricsServer(registry, *listen, live=live)
-            except PrerequisiteError as exc:
-                if options.listen_explicit:
-                    live.hub.close()
-                    raise
-                # the default port is taken (a `ccscope daemon` on this host, say): any free port will do
-                print(f"ccscope: {exc.line()}; the live page takes a free port instead", file=sys.stderr)
-                server = MetricsServer(registry, listen[0], 0, live=live)
-        recorder = Recorder(probe, listener=live.hub.on_sample if live else None)
-        endpoint = _hostport(listen[0], server.port) if server else None
+        if endpoint:
+            endpoint.registry.register(collector)
+            endpoint.hub.table_source = table_source(probe, lambda: collector.filter)
+        recorder = Recorder(probe, listener=endpoint.hub.on_sample if endpoint else None)
         try:
-            yield recorder, collector, endpoint, live
+            yield recorder, collector
         finally:
             recorder.close()
-            if live:
-                live.hub.close()
-            if server:
-                server.close()
-
-
-def _hostport(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def _live_page(probe, collector):
-    from ccscope.live.app import LiveApp, table_rows, table_source
-    from ccscope.live.hub import Hub
-
-    hub = Hub(mode="scenario", table_rows=table_rows, table_source=table_source(probe, lambda: collector.filter))
-    try:
-        return LiveApp(hub)
-    except PrerequisiteError:
-        hub.close()
-        raise
+            if endpoint:  # nothing reads the probe once it is closed
+                endpoint.hub.table_source = None
+                endpoint.registry.unregister(collector)
 
 
 def _run_unit(scenario: Scenario, unit: Unit, position: int, out: Path, recorder: Recorder, collector,
               progress: Progress, options: Options, verify: bool, doc: dict) -> dict:
-    from ccscope.emulation.testbed import Testbed
-    from ccscope.flows import FlowFilter
-
     profile = scenario.profiles[unit.profile]
     record = results.new_run(unit, position)
     with Testbed(profile, backend=options.backend, seed=scenario.seed + position) as tb:
@@ -209,7 +309,7 @@ def _run_unit(scenario: Scenario, unit: Unit, position: int, out: Path, recorder
         record["backend"] = tb.backend
         if not doc["environment"].get("offloads"):
             doc["environment"]["offloads"] = getattr(tb, "offloads", {})
-            doc["environment"]["sysctls_sender_ns"] = _ns_sysctls(tb)
+            doc["environment"]["sysctls_sender_ns"] = namespace_sysctls(tb)
         if verify:
             progress.note(f"checking the emulated path {unit.profile}")
             check = tb.verify()
@@ -225,7 +325,7 @@ def _run_unit(scenario: Scenario, unit: Unit, position: int, out: Path, recorder
         collector.set_netns_labels({netns: labels, tb.netns_inode(tb.receiver_ns): labels})
         link_before = tb.link_stats()  # the verify probe above went through the same queues
         recorder.start(netns)
-        record["started_at"] = _now_iso()
+        record["started_at"] = now_iso()
         progress.start(position, unit.label, profile=unit.profile, algorithm=mix_label(unit.mix),
                        repetition=unit.repetition)
         traffic = run_traffic(tb, scenario, unit.mix, progress.update, out / "raw" / _stem(unit))
@@ -243,9 +343,11 @@ def _fill_run(record: dict, scenario: Scenario, unit: Unit, traffic: TrafficResu
     record["errors"] += traffic.errors
     stem = _stem(unit)
     bulk_end = t0
+    srtt_by_algorithm: dict[str, list[float]] = {}
     for flow in traffic.bulk:
         s = bulk_series(flow, series)
-        entry = analysis.flow_metrics(s, scenario.warmup_s, t0) if s else analysis.empty_flow()
+        entry, srtts = analysis.flow_metrics(s, scenario.warmup_s, t0) if s else (analysis.empty_flow(), [])
+        srtt_by_algorithm.setdefault(flow.algorithm, []).extend(srtts)
         entry.update({"id": f"bulk{flow.index}", "kind": "bulk", "algorithm": flow.algorithm,
                       "start_offset_s": round(flow.start_offset_s, 3), "iperf3": flow.iperf,
                       "algorithm_iperf3": flow.iperf.get("sender_tcp_congestion")})
@@ -276,10 +378,8 @@ def _fill_run(record: dict, scenario: Scenario, unit: Unit, traffic: TrafficResu
                           "csv": _write_ping_csv(out, f"{stem}_ping.csv", traffic.ping, t0)}
     goodputs = [f["goodput_bps"] for f in record["flows"] if f["goodput_bps"] is not None]
     record["jain"] = analysis.jain(goodputs)
-    srtt: dict[str, list[float]] = {}
-    for f in record["flows"]:
-        srtt.setdefault(f["algorithm"], []).extend(f.pop("_srtt_samples", []))
-    record["per_algorithm"] = analysis.per_algorithm(record["flows"], srtt, unit.mix, record["downloads"])
+    record["per_algorithm"] = analysis.per_algorithm(record["flows"], srtt_by_algorithm, unit.mix,
+                                                     record["downloads"])
 
 
 def _stem(unit: Unit) -> str:
@@ -298,16 +398,6 @@ def bulk_series(flow: BulkFlow, series: dict[int, FlowSeries]) -> FlowSeries | N
             return by_sport[0]
     to_server = [s for s in series.values() if s.dport == flow.port and s.samples]
     return max(to_server, key=lambda s: s.samples[-1].bytes_acked, default=None)
-
-
-def _ns_sysctls(tb) -> dict[str, str]:
-    """The sender namespace's own values: many TCP sysctls are per namespace and start from defaults."""
-    keys = [k for k in SYSCTLS if k.startswith("net.ipv4")]
-    try:
-        out = tb.run(tb.sender_ns, ["sysctl", "-e", *keys], timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    return {k.strip(): " ".join(v.split()) for k, _, v in (line.partition("=") for line in out.splitlines()) if _}
 
 
 def _link_delta(after: dict, before: dict) -> dict:
@@ -329,15 +419,7 @@ def _write_csv(out: Path, name: str, series: FlowSeries, t0: float) -> str:
     times = [s.t for s in series.samples]
     acked = [s.bytes_acked for s in series.samples]
     tput = analysis.windowed_throughput(times, acked, THROUGHPUT_WINDOW_S)
-    lines = [",".join(CSV_COLUMNS)]
-    for s, bps in zip(series.samples, tput, strict=True):
-        lines.append(",".join(str(v) for v in (
-            f"{s.t - t0:.4f}", s.cwnd, f"{s.srtt_s * 1e3:.3f}", s.retransmits,
-            "" if bps is None else f"{bps / 1e6:.4f}", s.bytes_acked, s.bytes_sent,
-            "" if s.ssthresh is None else s.ssthresh, "" if s.min_rtt_s is None else f"{s.min_rtt_s * 1e3:.3f}",
-            s.in_flight, f"{s.delivery_Bps * 8 / 1e6:.4f}", s.ca_state, s.cc, s.event)))
-    path = out / "flows" / name
-    path.write_text("\n".join(lines) + "\n")
+    (out / "flows" / name).write_text(csv_text(series.samples, t0, tput))
     return f"flows/{name}"
 
 
@@ -345,29 +427,3 @@ def _write_ping_csv(out: Path, name: str, ping: list[tuple[float, float]], t0: f
     lines = ["time_s,rtt_ms"] + [f"{t - t0:.4f},{rtt * 1e3:.3f}" for t, rtt in ping]
     (out / "flows" / name).write_text("\n".join(lines) + "\n")
     return f"flows/{name}"
-
-
-def _now_iso() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
-
-
-def environment(seed: int, order: list[str]) -> dict:
-    def tool_version(argv: list[str]) -> str | None:
-        try:
-            res = subprocess.run(argv, capture_output=True, text=True, timeout=5)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return (res.stdout or res.stderr).strip().splitlines()[0] if (res.stdout or res.stderr) else None
-
-    sysctls = {}
-    for key in SYSCTLS:
-        path = Path("/proc/sys") / key.replace(".", "/")
-        with contextlib.suppress(OSError):
-            sysctls[key] = " ".join(path.read_text().split())
-    return {
-        "kernel": platform.release(), "machine": platform.machine(), "cpus": os.cpu_count(),
-        "python": platform.python_version(), "ccscope_version": __version__,
-        "iperf3_version": tool_version(["iperf3", "-v"]), "ping_version": tool_version(["ping", "-V"]),
-        "sysctls": sysctls, "offloads": {}, "seed": seed, "run_order": order, "hostname": platform.node(),
-        "time_started": _now_iso(), "monotonic_started": round(time.monotonic(), 3),
-    }

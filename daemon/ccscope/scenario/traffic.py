@@ -26,7 +26,6 @@ from pathlib import Path
 import ccscope
 from ccscope.emulation.profile import SHORT_FLOW_PORT
 from ccscope.emulation.testbed import terminate
-from ccscope.errors import CcscopeError
 
 from .spec import Scenario
 
@@ -107,16 +106,6 @@ def _python_env() -> dict[str, str]:
     return env
 
 
-def _wait_listening(tb, ns: str, port: int, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        out = tb.run(ns, ["ss", "-Hltn", f"sport = :{port}"], timeout=5).stdout
-        if out.strip():
-            return
-        time.sleep(0.02)
-    raise CcscopeError(f"nothing listens on port {port} in {ns} after {timeout:g} s")
-
-
 def spawn(tb, ns: str, name: str, argv: list[str], log_dir: Path, **kw) -> Child:
     """Starts argv in `ns` with stdout and stderr going to files in log_dir (never a pipe)."""
     stdout_path, stderr_path = log_dir / f"{name}.out", log_dir / f"{name}.err"
@@ -152,9 +141,9 @@ def start_servers(tb, scenario: Scenario, flows: list[BulkFlow], mix: tuple[str,
                              [sys.executable, "-m", "ccscope.scenario.fetch", "serve", "--port", str(FETCH_PORT),
                               "--cc", mix[0]], log_dir, env=_python_env()))
     for flow in flows:
-        _wait_listening(tb, tb.receiver_ns, flow.port)
+        tb.wait_listening(tb.receiver_ns, flow.port)
     if scenario.traffic.downloads is not None:
-        _wait_listening(tb, tb.sender_ns, FETCH_PORT)
+        tb.wait_listening(tb.sender_ns, FETCH_PORT)
     return servers
 
 
