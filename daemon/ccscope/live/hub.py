@@ -17,6 +17,7 @@ import json
 import operator
 import re
 import struct
+import sys
 import threading
 import time
 from collections import deque
@@ -387,7 +388,10 @@ class Hub:
                 next_at = time.monotonic() + period
             if not self._clients:
                 continue
-            self.tick()
+            try:
+                self.tick()
+            except Exception as exc:  # e.g. the map read racing the probe's close: the pages go on
+                print(f"ccscope: live page: {type(exc).__name__}: {exc}", file=sys.stderr)
 
     def tick(self) -> None:
         now = time.monotonic()
