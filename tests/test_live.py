@@ -87,7 +87,7 @@ def _process(argv: list[str], ready: str) -> Iterator[tuple[subprocess.Popen, st
 @pytest.fixture
 def link() -> Iterator[Link]:
     _live_prerequisites()
-    created = Link.create(net="198.18.12")
+    created = Link.create()
     try:
         yield created
     finally:

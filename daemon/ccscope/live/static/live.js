@@ -256,6 +256,7 @@
   }
 
   $("filter").addEventListener("input", (e) => { state.filter = e.target.value; renderTable(); });
+  setInterval(() => { if (state.lagUntil && Date.now() > state.lagUntil) markDirty(); }, 1000);
 
   // --- scenario -----------------------------------------------------------------------------------------
 
