@@ -76,6 +76,9 @@ BLOAT_FOR_S = 120.0
 _point_of = operator.attrgetter(*POINT_FIELDS)
 
 
+TableSource = Callable[[], tuple[list[FlowRecord], int]]
+
+
 class TooManyClients(Exception):
     pass
 
@@ -189,9 +192,10 @@ def event(name: str, data: object) -> bytes:
 class Hub:
     """Samples in (any thread), messages out to every client (broadcaster thread)."""
 
-    def __init__(self, *, flow_filter: FlowFilter | None = None, table_source: Callable[[], list[FlowRecord]]
-                 | None = None, table_rows: Callable[[list[FlowRecord]], list[dict]] | None = None,
+    def __init__(self, *, flow_filter: FlowFilter | None = None, table_source: TableSource | None = None,
+                 table_rows: Callable[[tuple[list[FlowRecord], int]], dict] | None = None,
                  on_clients: Callable[[int], None] | None = None, mode: str = "daemon") -> None:
+        """table_source() gives the kernel map's flows for the table (the shown ones, and how many matched)."""
         self.flow_filter = flow_filter or FlowFilter()
         self.mode = mode
         self.table_source = table_source
