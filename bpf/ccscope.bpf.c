@@ -37,6 +37,18 @@ struct {
 } flows SEC(".maps");
 
 /*
+ * Sockets already counted in cc_stats.flows, and when they were first seen. Socket-local
+ * storage lives and dies with the socket, unlike an entry of the LRU `flows` map: a flow
+ * evicted there and re-inserted when it shows up again is the same flow, not a new one.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, __u64); /* first_ns */
+} first_seen SEC(".maps");
+
+/*
  * Sampling gate: a small per-CPU direct-mapped cache of "socket cookie -> time of
  * its next sample". A hit costs an inlined array access and a compare; a miss
  * (new socket, collision, or another CPU sampled it) falls back to the flow
@@ -223,6 +235,7 @@ static __always_inline struct flow *create_flow(struct sock *sk, struct tcp_sock
 {
 	struct flow f = {};
 	struct cc_stats *stats;
+	__u64 *seen;
 
 	f.cookie = cookie;
 	f.first_ns = now;
@@ -238,14 +251,25 @@ static __always_inline struct flow *create_flow(struct sock *sk, struct tcp_sock
 		__builtin_memcpy(f.daddr, (const void *)&sk->__sk_common.skc_daddr, 4);
 	}
 	read_ca_name(tp, f.ca_name);
+	/*
+	 * A new storage entry holds 0: this socket was never seen. Without storage (out of
+	 * memory) the flow counts as new, as it would have without this check.
+	 */
+	seen = bpf_sk_storage_get(&first_seen, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (seen && *seen)
+		f.first_ns = *seen; /* re-inserted after an eviction: the same flow */
 	if (bpf_map_update_elem(&flows, &cookie, &f, BPF_NOEXIST) != 0) {
 		count(CCSCOPE_CNT_FLOW_MAP_FULL);
 		return 0;
 	}
-	count(CCSCOPE_CNT_FLOWS_CREATED);
-	stats = cc_stats_for(f.ca_name);
-	if (stats)
-		__sync_fetch_and_add(&stats->flows, 1);
+	count(CCSCOPE_CNT_FLOWS_CREATED); /* map insertions: evictions are derived from them */
+	if (!seen || !*seen) {
+		if (seen)
+			*seen = now;
+		stats = cc_stats_for(f.ca_name);
+		if (stats)
+			__sync_fetch_and_add(&stats->flows, 1);
+	}
 	return bpf_map_lookup_elem(&flows, &cookie);
 }
 

@@ -8,17 +8,20 @@ never collide, and `Link.close()` / `netns()` remove it all (call them from a fi
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import ctypes
 import os
 import re
 import signal
 import socket
+import ssl
 import struct
 import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -219,20 +222,47 @@ def held_prog_ids(pid: int) -> set[int]:
 
 
 class Daemon:
-    """A real `ccscope daemon` subprocess on a free port, scraped over HTTP as Prometheus would."""
+    """A real `ccscope daemon` subprocess on a free port, scraped over HTTP(S) as Prometheus would.
 
-    def __init__(self, *args: str) -> None:
+    `tls` is the client side (trusting the daemon's certificate) when the daemon serves HTTPS. Warning lines the
+    daemon prints before it serves are kept in `warnings`."""
+
+    def __init__(self, *args: str, tls: ssl.SSLContext | None = None) -> None:
         self.port = free_port()
+        self.tls = tls
         self.proc = subprocess.Popen([*CCSCOPE, "daemon", "--listen", f"127.0.0.1:{self.port}", *args],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        self.warnings: list[str] = []
         line = self.proc.stderr.readline()  # "serving ..." once attached, or the one-line error
+        while line.startswith("ccscope: warning:"):
+            self.warnings.append(line)
+            line = self.proc.stderr.readline()
         if "serving" not in line:
             self.stop()
-            raise RuntimeError(f"daemon did not start: {line}{self.proc.stderr.read()}")
+            raise RuntimeError(f"daemon did not start: {''.join(self.warnings)}{line}{self.proc.stderr.read()}")
+
+    @property
+    def url(self) -> str:
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
+
+    def get(self, path: str = "/metrics", user: str | None = None, password: str | None = None,
+            timeout: float = 30) -> tuple[int, dict[str, str], bytes]:
+        """(status, headers, body) of one GET, with basic auth when `user` is given; HTTP errors are returned."""
+        request = urllib.request.Request(self.url + path)
+        if user is not None:
+            token = base64.b64encode(f"{user}:{password}".encode()).decode()
+            request.add_header("Authorization", f"Basic {token}")
+        try:
+            with urllib.request.urlopen(request, timeout=timeout, context=self.tls) as resp:
+                return resp.status, dict(resp.headers), resp.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, dict(exc.headers), exc.read()
 
     def scrape_text(self) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=30) as resp:
-            return resp.read().decode()
+        status, _, body = self.get("/metrics")
+        if status != 200:
+            raise RuntimeError(f"scrape: HTTP {status}: {body[:200]!r}")
+        return body.decode()
 
     def scrape(self) -> list[tuple[str, dict[str, str], float]]:
         return parse_metrics(self.scrape_text())
@@ -256,8 +286,8 @@ class Daemon:
 
 
 @contextlib.contextmanager
-def daemon(*args: str) -> Iterator[Daemon]:
-    running = Daemon(*args)
+def daemon(*args: str, tls: ssl.SSLContext | None = None) -> Iterator[Daemon]:
+    running = Daemon(*args, tls=tls)
     try:
         yield running
     finally:

@@ -136,7 +136,7 @@ MAP_LAYOUTS: dict[str, tuple[type, type]] = {
     "counters": (u32, u64),
     "config": (u32, Config),
 }
-KERNEL_ONLY_MAPS = ("gates", "samples")  # not read by key here (samples: a ring buffer of Flow records)
+KERNEL_ONLY_MAPS = ("gates", "samples", "first_seen")  # not read here (samples: a ring of Flow records)
 
 # Name in ccscope.h -> ctypes mirror, for the layout test.
 SHARED_STRUCTS: dict[str, type[ctypes.Structure]] = {

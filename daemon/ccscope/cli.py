@@ -7,6 +7,7 @@ import gc
 import json
 import os
 import signal
+import ssl
 import sys
 import threading
 import time
@@ -21,9 +22,16 @@ from .bpf_types import EVENT_NAMES, Counter
 from .errors import CcscopeError, UsageError
 from .exporter import FlowCollector
 from .flows import FLOW_COLUMNS, FlowFilter, FlowRecord, FlowSelection, FlowTable, decode, monotonic_ns
+from .live.app import LiveApp, table_rows, table_source
+from .live.feed import SampleFeed
+from .live.hub import MAX_CLIENTS as MAX_PAGES
+from .live.hub import Hub
+from .live.metrics import LiveCollector
 from .loader import ProbeOptions, TelemetryProbe
-from .server import MetricsServer, load_basic_auth
+from .server import MetricsServer
 from .units import DEFAULT_LISTEN, parse_duration, parse_listen
+from .web import config as webconfig
+from .web.server import Authenticator, Limits
 
 SORT_KEYS: dict[str, Callable[[FlowRecord], float]] = {
     "bytes": lambda f: f.bytes_total,
@@ -84,15 +92,37 @@ def _add_probe_flags(parser: argparse.ArgumentParser) -> None:
 # --- daemon ----------------------------------------------------------------------------------------
 
 
+def _endpoint_security(args: argparse.Namespace) -> tuple[ssl.SSLContext | None, Authenticator | None,
+                                                         list[tuple[str, str]]]:
+    """TLS context, authenticator and extra response headers from --web.config.file or the older flags."""
+    if args.web_config_file and (args.tls_cert or args.tls_key or args.basic_auth_file):
+        raise UsageError("--web.config.file replaces --tls-cert/--tls-key/--basic-auth-file: use one or the other")
+    if args.web_config_file:
+        path = Path(args.web_config_file)
+        config = webconfig.load_web_config(path)
+        tls = config.tls.context(f"{webconfig.FLAG} {path}") if config.tls else None
+        return tls, webconfig.bcrypt_auth(config.users) if config.users else None, config.headers
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise UsageError("--tls-cert and --tls-key go together")
+    tls = None
+    if args.tls_cert:
+        tls = webconfig.TlsConfig(Path(args.tls_cert), Path(args.tls_key)).context("--tls-cert/--tls-key")
+    auth = None
+    if args.basic_auth_file:
+        auth = webconfig.load_basic_auth_file(Path(args.basic_auth_file))
+        print("ccscope: warning: --basic-auth-file (unsalted SHA-256) is deprecated; move to --web.config.file "
+              "with bcrypt hashes (see README, \"Security defaults\")", file=sys.stderr, flush=True)
+    return tls, auth, []
+
+
 def cmd_daemon(args: argparse.Namespace) -> int:
     host, port = parse_listen(args.listen)
     selection = FlowSelection.parse(args.flows)
     flow_filter = _filter(args)
     grace = parse_duration(args.grace, "--grace", 0.0, 3600.0)
-    if bool(args.tls_cert) != bool(args.tls_key):
-        raise UsageError("--tls-cert and --tls-key go together")
-    tls = (Path(args.tls_cert), Path(args.tls_key)) if args.tls_cert else None
-    users = load_basic_auth(Path(args.basic_auth_file)) if args.basic_auth_file else None
+    if not 1 <= args.max_connections <= 10_000:
+        raise UsageError(f"--max-connections {args.max_connections} is out of range 1..10000")
+    tls, auth, headers = _endpoint_security(args)
     options = _probe_options(args, emit_samples=False)
     stop = _stop_event()
     with TelemetryProbe(options) as probe:
@@ -101,33 +131,39 @@ def cmd_daemon(args: argparse.Namespace) -> int:
         registry = CollectorRegistry()
         registry.register(collector)
         live = _live_page(probe, flow_filter, options.sample_interval_ns) if not args.no_live else None
+        try:
+            if live:
+                registry.register(LiveCollector(live[0].hub))
+            # every live page holds one stream: as many stream slots as the hub admits pages
+            limits = Limits(max_connections=args.max_connections,
+                            max_streams=MAX_PAGES if live else Limits.max_streams)
+            server = MetricsServer(registry, host, port, tls=tls, auth=auth, limits=limits, extra_headers=headers)
+        except BaseException:
+            _close_live(live)
+            raise
         if live:
-            from .live.metrics import LiveCollector
-
-            registry.register(LiveCollector(live[0].hub))
-        server = MetricsServer(registry, host, port, tls=tls, basic_auth=users, live=live and live[0])
+            live[0].mount(server)
         scheme = "https" if tls else "http"
         page = f"live page {scheme}://{args.listen}/, " if live else ""
         print(f"ccscope {__version__}: serving {page}{scheme}://{args.listen}/metrics "
               f"(flows {args.flows}); Ctrl-C to stop", file=sys.stderr, flush=True)
+        expire_every = max(0.5, min(grace / 2, 5.0))
+        next_expiry = time.monotonic() + expire_every
         try:
-            while not stop.wait(max(0.5, min(grace / 2, 5.0))):
-                table.scan()  # expires closed flows even when nobody scrapes
+            # Short waits: a signal handler cannot cut an Event.wait short (PEP 475 resumes it), so a long wait
+            # would delay the exit on SIGTERM by up to its whole length.
+            while not stop.wait(0.2):
+                if time.monotonic() >= next_expiry:
+                    table.scan()  # expires closed flows even when nobody scrapes
+                    next_expiry = time.monotonic() + expire_every
         finally:
-            if live:
-                live[0].hub.close()
             server.close()
-            if live:
-                live[1].close()
+            _close_live(live)
     print("ccscope: detached", file=sys.stderr)
     return 0
 
 
 def _live_page(probe, flow_filter: FlowFilter, sample_interval_ns: int):
-    from .live.app import LiveApp, table_rows, table_source
-    from .live.feed import SampleFeed
-    from .live.hub import Hub
-
     hub = Hub(flow_filter=flow_filter, table_rows=table_rows, table_source=table_source(probe, lambda: flow_filter))
     try:
         app = LiveApp(hub)
@@ -137,6 +173,12 @@ def _live_page(probe, flow_filter: FlowFilter, sample_interval_ns: int):
     feed = SampleFeed(probe, hub, sample_interval_ns)
     hub.on_clients = feed.clients_changed
     return app, feed
+
+
+def _close_live(live) -> None:
+    if live:
+        live[0].hub.close()
+        live[1].close()
 
 
 # --- flows -----------------------------------------------------------------------------------------
@@ -280,9 +322,13 @@ def build_parser() -> argparse.ArgumentParser:
     daemon.add_argument("--flows", default="top:50",
                         help="per-flow series for top:N flows by bytes, all, or none (default top:50)")
     daemon.add_argument("--grace", default="10s", help="keep closed flows' series this long (default 10s)")
+    daemon.add_argument("--web.config.file", dest="web_config_file", metavar="FILE",
+                        help="TLS and basic auth (bcrypt) from a Prometheus exporter-toolkit web config file")
     daemon.add_argument("--tls-cert", help="serve HTTPS with this certificate (PEM)")
     daemon.add_argument("--tls-key", help="private key for --tls-cert (PEM)")
-    daemon.add_argument("--basic-auth-file", help="require basic auth; file of user:sha256(password) lines")
+    daemon.add_argument("--basic-auth-file", help="deprecated: user:sha256(password) lines; use --web.config.file")
+    daemon.add_argument("--max-connections", type=int, default=Limits.max_connections,
+                        help=f"open client connections served at once (default {Limits.max_connections})")
     daemon.add_argument("--no-live", action="store_true",
                         help="serve /metrics only, without the live page at /")
     _add_probe_flags(daemon)

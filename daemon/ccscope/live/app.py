@@ -14,12 +14,12 @@ import mimetypes
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from http import HTTPStatus
 from importlib import resources
 from pathlib import Path
 
 from ccscope.errors import PrerequisiteError
 from ccscope.flows import FLOW_COLUMNS, FlowFilter, FlowRecord, decode
+from ccscope.web.server import HttpServer, Request, Response, Route, Stream
 
 from . import vendor
 from .hub import Hub, TooManyClients, event
@@ -120,12 +120,13 @@ class EventStream:
 
 
 class LiveApp:
-    """The page's paths, independent of the HTTP server that mounts them (WSGI adapter: __call__)."""
+    """The page's paths: get() answers one, mount() adds them all to the daemon's HTTP server."""
 
     def __init__(self, hub: Hub) -> None:
         self.hub = hub
         self.files = {name: (path.read_bytes(), _content_type(name)) for name, path in static_files().items()}
         self.report_dir: Path | None = None
+        self._server: HttpServer | None = None
 
     def get(self, path: str) -> Reply | EventStream:
         if path in ("/", "/index.html"):
@@ -156,18 +157,30 @@ class LiveApp:
             return Reply(404, b"not found\n")
         return Reply(200, body, _content_type(name))
 
-    def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
-        if environ.get("REQUEST_METHOD", "GET") not in ("GET", "HEAD"):
-            start_response("405 Method Not Allowed", [("Allow", "GET, HEAD"), ("Content-Length", "0")])
-            return [b""]
-        reply = self.get(environ.get("PATH_INFO", "/"))
-        if isinstance(reply, EventStream):
-            start_response("200 OK", [("Content-Type", "text/event-stream"), *reply.headers])
-            return reply
-        start_response(f"{reply.status} {HTTPStatus(reply.status).phrase}",
-                       [("Content-Type", reply.content_type), ("Content-Length", str(len(reply.body))),
-                        *reply.headers])
-        return [reply.body]
+    def mount(self, server: HttpServer) -> None:
+        """The page's paths on the daemon's server, beside /metrics: same listener, same TLS and auth."""
+        for path in ("/", "/index.html", *(f"/static/{name}" for name in self.files)):
+            server.add_route(path, Route(self._handler(path)))
+        server.add_route("/events", Route(self._handler("/events"), stream=True))
+        self._server = server
+
+    def show_report(self, directory: Path, report: Path) -> str:
+        """Serves the report and its plots (the files there now, nothing else); returns its path on the page."""
+        self.report_dir = directory
+        if self._server is not None:
+            names = [report.name, *(f"plots/{p.name}" for p in sorted((directory / "plots").glob("*.png")))]
+            for name in names:
+                self._server.add_route(f"/report/{name}", Route(self._handler(f"/report/{name}")))
+        return f"report/{report.name}"
+
+    def _handler(self, path: str) -> Callable[[Request], Response | Stream]:
+        def handle(_request: Request) -> Response | Stream:
+            reply = self.get(path)
+            if isinstance(reply, EventStream):
+                return Stream(reply, "text/event-stream", list(reply.headers))
+            return Response(reply.status, reply.body, reply.content_type, reply.headers)
+
+        return handle
 
 
 _BYE = event("bye", {})

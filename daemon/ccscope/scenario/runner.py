@@ -23,11 +23,13 @@ from ccscope.exporter import FlowCollector
 from ccscope.flows import FlowFilter, FlowSelection, FlowTable
 from ccscope.hosttools import SCENARIO_TOOLS, need
 from ccscope.live.app import LiveApp, table_rows, table_source
+from ccscope.live.hub import MAX_CLIENTS as MAX_PAGES
 from ccscope.live.hub import Hub
 from ccscope.live.metrics import LiveCollector
 from ccscope.loader import ProbeOptions, TelemetryProbe, preflight
 from ccscope.server import MetricsServer
 from ccscope.units import parse_listen
+from ccscope.web.server import Limits
 
 from . import analysis, results
 from .environment import namespace_sysctls, now_iso
@@ -243,8 +245,7 @@ class Endpoint:
     hub: Hub
 
     def show_report(self, out: Path, report: Path) -> None:
-        self.app.report_dir = out
-        self.hub.scenario_report(str(report), f"report/{report.name}")
+        self.hub.scenario_report(str(report), self.app.show_report(out, report))
 
 
 @contextlib.contextmanager
@@ -258,17 +259,19 @@ def _endpoint(options: Options) -> Iterator[Endpoint | None]:
     try:
         endpoint = Endpoint(registry, LiveApp(hub), hub)
         registry.register(LiveCollector(hub))
+        limits = Limits(max_streams=MAX_PAGES)  # every live page holds one stream
         try:
-            server = MetricsServer(registry, host, port, live=endpoint.app)
+            server = MetricsServer(registry, host, port, limits=limits)
         except PrerequisiteError as exc:
             if options.listen_explicit:
                 raise
             # the default port is taken (a `ccscope daemon` on this host, say): any free port will do
             print(f"ccscope: {exc.line()}; the live page takes a free port instead", file=sys.stderr)
-            server = MetricsServer(registry, host, 0, live=endpoint.app)
+            server = MetricsServer(registry, host, 0, limits=limits)
     except BaseException:
         hub.close()
         raise
+    endpoint.app.mount(server)
     where = f"[{host}]:{server.port}" if ":" in host else f"{host}:{server.port}"
     print(f"ccscope: live page http://{where}/ (Prometheus: http://{where}/metrics)", file=sys.stderr, flush=True)
     try:
