@@ -6,11 +6,14 @@ BPF_OBJ := daemon/ccscope/bpf/ccscope.bpf.o
 BPF_CFLAGS := -g -O2 -target bpf -D__TARGET_ARCH_$(ARCH) -Wall -Werror \
 	-I/usr/include/$(MULTIARCH) -Ibpf
 
+# The live page's chart library (uPlot from the npm registry, pinned and verified in live/vendor.py; no node).
+ASSETS := daemon/ccscope/live/static/vendor/uPlot.iife.min.js
+
 # The userspace delay stage of the emulated network (kernels without sch_netem).
 DELAYLINE := daemon/ccscope/emulation/ccscope-delayline
 
-.PHONY: all bpf delayline clean setup setup-dev demo test lint
-all: bpf delayline
+.PHONY: all bpf delayline assets clean setup setup-dev demo test lint
+all: bpf delayline assets
 
 # The README's two commands.
 demo: setup
@@ -33,5 +36,11 @@ delayline: $(DELAYLINE)
 $(DELAYLINE): daemon/ccscope/emulation/delayline.c
 	$(CC) -O2 -Wall -Wextra -Werror -o $@ $< -lnetfilter_queue -lnfnetlink
 
+assets: $(ASSETS)
+
+$(ASSETS): daemon/ccscope/live/vendor.py
+	python3 daemon/ccscope/live/vendor.py
+
 clean:
 	rm -f $(BPF_OBJ) $(DELAYLINE)
+	rm -rf daemon/ccscope/live/static/vendor

@@ -415,3 +415,9 @@ def test_wheel_ships_the_bpf_object_delay_line_and_scenarios(tmp_path: Path) -> 
     shipped = {Path(n).name for n in names if n.startswith("ccscope/scenarios/")}
     assert shipped == {p.name for p in (ROOT / "scenarios").glob("*.yaml")}
     assert "wired-vs-wireless.yaml" in shipped
+    # the live page works offline: its own files and the vendored chart library with its licence
+    from ccscope.live import vendor
+
+    require(not vendor.missing_files(), "live page assets not built: make assets")
+    for name in ("index.html", "live.js", "live.css", *(f"vendor/{n}" for n in vendor.UPLOT_FILES.values())):
+        assert f"ccscope/live/static/{name}" in names, name

@@ -22,7 +22,21 @@ from . import __version__, check
 from .bpf_types import EVENT_NAMES, Counter
 from .errors import CcscopeError, UsageError
 from .exporter import FlowCollector
-from .flows import FlowFilter, FlowRecord, FlowSelection, FlowTable, monotonic_ns, record_fields, with_derived
+from .flows import (
+    FLOW_COLUMNS,
+    FlowFilter,
+    FlowRecord,
+    FlowSelection,
+    FlowTable,
+    monotonic_ns,
+    record_fields,
+    with_derived,
+)
+from .live.app import LiveApp, table_rows, table_source
+from .live.feed import SampleFeed
+from .live.hub import MAX_CLIENTS as MAX_PAGES
+from .live.hub import Hub
+from .live.metrics import LiveCollector
 from .loader import ProbeOptions, TelemetryProbe
 from .server import MetricsServer
 from .units import DEFAULT_LISTEN, parse_duration, parse_listen
@@ -136,10 +150,22 @@ def cmd_daemon(args: argparse.Namespace) -> int:
         collector = FlowCollector(table, selection, flow_filter)
         registry = CollectorRegistry()
         registry.register(collector)
-        limits = Limits(max_connections=args.max_connections)
-        server = MetricsServer(registry, host, port, tls=tls, auth=auth, limits=limits, extra_headers=headers)
+        live = _live_page(probe, flow_filter, options.sample_interval_ns) if not args.no_live else None
+        try:
+            if live:
+                registry.register(LiveCollector(live[0].hub))
+            # every live page holds one stream: as many stream slots as the hub admits pages
+            limits = Limits(max_connections=args.max_connections,
+                            max_streams=MAX_PAGES if live else Limits.max_streams)
+            server = MetricsServer(registry, host, port, tls=tls, auth=auth, limits=limits, extra_headers=headers)
+        except BaseException:
+            _close_live(live)
+            raise
+        if live:
+            live[0].mount(server)
         scheme = "https" if tls else "http"
-        print(f"ccscope {__version__}: serving {scheme}://{args.listen}/metrics "
+        page = f"live page {scheme}://{args.listen}/, " if live else ""
+        print(f"ccscope {__version__}: serving {page}{scheme}://{args.listen}/metrics "
               f"(flows {args.flows}); Ctrl-C to stop", file=sys.stderr, flush=True)
         expire_every = max(0.5, min(grace / 2, 5.0))
         next_expiry = time.monotonic() + expire_every
@@ -152,49 +178,35 @@ def cmd_daemon(args: argparse.Namespace) -> int:
                     next_expiry = time.monotonic() + expire_every
         finally:
             server.close()
+            _close_live(live)
     print("ccscope: detached", file=sys.stderr)
     return 0
+
+
+def _live_page(probe, flow_filter: FlowFilter, sample_interval_ns: int):
+    hub = Hub(flow_filter=flow_filter, table_rows=table_rows, table_source=table_source(probe, lambda: flow_filter))
+    try:
+        app = LiveApp(hub)
+    except Exception:
+        hub.close()
+        raise
+    feed = SampleFeed(probe, hub, sample_interval_ns)
+    hub.on_clients = feed.clients_changed
+    return app, feed
+
+
+def _close_live(live) -> None:
+    if live:
+        live[0].hub.close()
+        live[1].close()
 
 
 # --- flows -----------------------------------------------------------------------------------------
 
 
-def _rate(bytes_per_s: float | None) -> str:
-    if bytes_per_s is None:
-        return "-"
-    bits = bytes_per_s * 8
-    for unit, scale in (("Gb", 1e9), ("Mb", 1e6), ("kb", 1e3)):
-        if bits >= scale:
-            return f"{bits / scale:.1f}{unit}"
-    return f"{bits:.0f}b"
-
-
-def _bytes(count: int) -> str:
-    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if count >= scale:
-            return f"{count / scale:.1f}{unit}"
-    return str(count)
-
-
-FLOW_COLUMNS: tuple[tuple[str, str, Callable[[FlowRecord], str]], ...] = (
-    ("FLOW", "<44", lambda f: f.name),
-    ("NETNS", ">10", lambda f: str(f.netns)),
-    ("CC", "<7", lambda f: f.cc),
-    ("STATE", "<9", lambda f: f.ca_state),
-    ("CWND", ">6", lambda f: str(f.cwnd_segments)),
-    ("SSTHR", ">6", lambda f: "-" if f.ssthresh_segments is None else str(f.ssthresh_segments)),
-    ("SRTT", ">8", lambda f: f"{f.srtt_s * 1e3:.2f}ms"),
-    ("MINRTT", ">8", lambda f: "-" if f.min_rtt_s is None else f"{f.min_rtt_s * 1e3:.2f}ms"),
-    ("DELIVERY", ">9", lambda f: _rate(f.delivery_rate_Bps)),
-    ("PACING", ">9", lambda f: _rate(f.pacing_rate_Bps)),
-    ("BYTES", ">7", lambda f: _bytes(f.bytes_total)),
-    ("RETRANS", ">7", lambda f: str(f.retransmits)),
-)
-
-
 def format_flows(flows: list[FlowRecord]) -> str:
-    header = "  ".join(f"{title:{spec}}" for title, spec, _ in FLOW_COLUMNS)
-    rows = ["  ".join(f"{get(f):{spec}}" for _, spec, get in FLOW_COLUMNS) for f in flows]
+    header = "  ".join(f"{c.title:{c.spec}}" for c in FLOW_COLUMNS)
+    rows = ["  ".join(f"{c.text(f):{c.spec}}" for c in FLOW_COLUMNS) for f in flows]
     return "\n".join([header, *rows])
 
 
@@ -341,6 +353,8 @@ def build_parser() -> argparse.ArgumentParser:
     daemon.add_argument("--basic-auth-file", help="deprecated: user:sha256(password) lines; use --web.config.file")
     daemon.add_argument("--max-connections", type=int, default=Limits.max_connections,
                         help=f"open client connections served at once (default {Limits.max_connections})")
+    daemon.add_argument("--no-live", action="store_true",
+                        help="serve /metrics only, without the live page at /")
     _add_probe_flags(daemon)
     _add_filters(daemon)
     daemon.set_defaults(func=cmd_daemon)

@@ -9,8 +9,9 @@ import operator
 import socket
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from . import bpf_types as bt
 from .errors import UsageError
@@ -322,3 +323,49 @@ class FlowTable:
             created = self.probe.counters()[bt.Counter.FLOWS_CREATED]
             self.stats.evictions_total = max(0, created - self.stats.expired_total - len(shown))
             return columns, shown
+
+
+# --- the columns of `ccscope flows` (also the live page's table) ------------------------------------------
+
+
+def format_rate(bytes_per_s: float | None) -> str:
+    if bytes_per_s is None:
+        return "-"
+    bits = bytes_per_s * 8
+    for unit, scale in (("Gb", 1e9), ("Mb", 1e6), ("kb", 1e3)):
+        if bits >= scale:
+            return f"{bits / scale:.1f}{unit}"
+    return f"{bits:.0f}b"
+
+
+def format_bytes(count: int) -> str:
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if count >= scale:
+            return f"{count / scale:.1f}{unit}"
+    return str(count)
+
+
+class Column(NamedTuple):
+    title: str
+    spec: str                                   # format spec of the text table
+    text: Callable[[FlowRecord], str]
+    key: Callable[[FlowRecord], float | str]    # what the live page sorts by
+
+
+FLOW_COLUMNS: tuple[Column, ...] = (
+    Column("FLOW", "<44", lambda f: f.name, lambda f: f.name),
+    Column("NETNS", ">10", lambda f: str(f.netns), lambda f: f.netns),
+    Column("CC", "<7", lambda f: f.cc, lambda f: f.cc),
+    Column("STATE", "<9", lambda f: f.ca_state, lambda f: f.ca_state),
+    Column("CWND", ">6", lambda f: str(f.cwnd_segments), lambda f: f.cwnd_segments),
+    Column("SSTHR", ">6", lambda f: "-" if f.ssthresh_segments is None else str(f.ssthresh_segments),
+           lambda f: -1 if f.ssthresh_segments is None else f.ssthresh_segments),
+    Column("SRTT", ">8", lambda f: f"{f.srtt_s * 1e3:.2f}ms", lambda f: f.srtt_s),
+    Column("MINRTT", ">8", lambda f: "-" if f.min_rtt_s is None else f"{f.min_rtt_s * 1e3:.2f}ms",
+           lambda f: -1 if f.min_rtt_s is None else f.min_rtt_s),
+    Column("DELIVERY", ">9", lambda f: format_rate(f.delivery_rate_Bps), lambda f: f.delivery_rate_Bps),
+    Column("PACING", ">9", lambda f: format_rate(f.pacing_rate_Bps),
+           lambda f: -1 if f.pacing_rate_Bps is None else f.pacing_rate_Bps),
+    Column("BYTES", ">7", lambda f: format_bytes(f.bytes_total), lambda f: f.bytes_total),
+    Column("RETRANS", ">7", lambda f: str(f.retransmits), lambda f: f.retransmits),
+)

@@ -251,8 +251,11 @@ class TelemetryProbe:
             totals[counter] = sum(values)
         return totals
 
-    def ring_buffer(self, handler: Callable[[list[bt.FlowTuple]], None]) -> RingBuffer:
-        """Samples reach `handler` once per poll, as a list of bt.FlowTuple (fields named as in struct flow)."""
+    def ring_buffer(self, handler: Callable[[list], None], raw: bool = False) -> RingBuffer:
+        """Samples reach `handler` once per poll, as a list of bt.FlowTuple (fields named as in struct flow), or
+        with raw=True as the records' bytes (for consumers that skip most samples before unpacking them)."""
+        if raw:
+            return RingBuffer(self.libbpf, self._maps["samples"], handler)
         return RingBuffer(self.libbpf, self._maps["samples"], lambda records: handler(bt.unpack_flows(records)))
 
     def program_fds(self) -> dict[str, int]:

@@ -31,7 +31,7 @@ def register(sub) -> None:
     sc.add_argument("--skip-unavailable", action="store_true",
                     help="run without algorithms this kernel lacks instead of failing")
     sc.add_argument("--out", help="output directory (default ./results/<scenario>-<timestamp>)")
-    sc.add_argument("--listen", help=f"live Prometheus endpoint HOST:PORT (default {DEFAULT_LISTEN}, "
+    sc.add_argument("--listen", help=f"live page and Prometheus endpoint HOST:PORT (default {DEFAULT_LISTEN}, "
                                      "skipped with a note if busy); 'off' to disable")
     sc.add_argument("--backend", choices=("auto", "netem", "userspace"), default="auto",
                     help="link emulation backend (default auto: netem when the kernel has it)")
@@ -91,10 +91,10 @@ def _run(scenario, args: argparse.Namespace) -> int:
                              listen_explicit=args.listen is not None, skip_unavailable=args.skip_unavailable,
                              backend=args.backend, quick=args.quick, verify=not args.no_verify, resume=resume,
                              cleanup_stale=args.cleanup_stale)
-    out, doc = runner.run(scenario, options)
-    from . import report
+    from . import report  # matplotlib only once there is something to plot
 
-    html = report.render(out, doc)
+    out, doc = runner.run(scenario, options, finish=report.render)
+    html = out / "report.html"
     print(report.summary_table(doc))
     for warning in doc["warnings"]:
         print(f"ccscope: warning: {warning}", file=sys.stderr)

@@ -1,15 +1,19 @@
-"""Progress of a scenario on stderr: a bar per run on a terminal, plain lines otherwise."""
+"""Progress of a scenario on stderr: a bar per run on a terminal, plain lines otherwise; and the same events to
+an optional listener (the live page): listener(kind, data) with kind note, run, progress or done."""
 
 from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
+
+Listener = Callable[[str, dict], None]
 
 
 class Progress:
     WIDTH = 30
 
-    def __init__(self, total_runs: int, planned_s: float, stream=None) -> None:
+    def __init__(self, total_runs: int, planned_s: float, stream=None, listener: Listener | None = None) -> None:
         self.total = total_runs
         self.planned = planned_s
         self.stream = stream or sys.stderr
@@ -18,16 +22,22 @@ class Progress:
         self.label = ""
         self._last = 0.0
         self._started = time.monotonic()
+        self._listener = listener or (lambda kind, data: None)
 
     def note(self, text: str) -> None:
         self._write(f"ccscope: {text}")
+        self._listener("note", {"note": text})
 
-    def start(self, position: int, label: str) -> None:
+    def start(self, position: int, label: str, **details: object) -> None:
+        """`details` (profile, algorithm, repetition) go to the listener."""
         self.position, self.label = position, label
+        self._listener("run", {"position": position, "total": self.total, "label": label,
+                               "planned_s": self.planned, **details})
         if not self.tty:
             self._write(f"[{position}/{self.total}] {label}: running ({self.planned:.0f} s of traffic)")
 
     def update(self, elapsed: float) -> None:
+        self._listener("progress", {"elapsed_s": round(elapsed, 2)})
         if not self.tty or time.monotonic() - self._last < 0.25:
             return
         self._last = time.monotonic()
@@ -53,6 +63,7 @@ class Progress:
         if self.tty:
             self.stream.write("\r\033[K")
         self._write(text)
+        self._listener("done", {"label": self.label, "summary": "; ".join(parts)})
 
     def _write(self, text: str) -> None:
         if self.tty:

@@ -89,8 +89,10 @@ class FlowSeries:
 class Recorder:
     """Polls the probe's ring buffer in a thread; keeps the samples of the watched namespace."""
 
-    def __init__(self, probe) -> None:
+    def __init__(self, probe, listener: Callable | None = None) -> None:
+        """`listener` also gets the watched namespace's raw samples (the live page)."""
         self._probe = probe
+        self._listener = listener
         self._lock = threading.Lock()
         self._netns: int | None = None
         self._flows: dict[int, FlowSeries] = {}
@@ -110,6 +112,8 @@ class Recorder:
     def _on_sample(self, raw) -> None:
         if raw.netns != self._netns:
             return
+        if self._listener:
+            self._listener(raw)
         flow = decode(raw)
         with self._lock:
             series = self._flows.get(flow.cookie)

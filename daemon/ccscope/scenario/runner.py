@@ -8,6 +8,7 @@ import os
 import random
 import signal
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -21,9 +22,14 @@ from ccscope.errors import CcscopeError, PrerequisiteError, UsageError
 from ccscope.exporter import FlowCollector
 from ccscope.flows import FlowFilter, FlowSelection, FlowTable
 from ccscope.hosttools import SCENARIO_TOOLS, need
+from ccscope.live.app import LiveApp, table_rows, table_source
+from ccscope.live.hub import MAX_CLIENTS as MAX_PAGES
+from ccscope.live.hub import Hub
+from ccscope.live.metrics import LiveCollector
 from ccscope.loader import ProbeOptions, TelemetryProbe, preflight
 from ccscope.server import MetricsServer
 from ccscope.units import parse_listen
+from ccscope.web.server import Limits
 
 from . import analysis, results
 from .environment import namespace_sysctls, now_iso
@@ -129,9 +135,10 @@ def _read_only(path: Path) -> bool:
     return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
 
 
-def run(scenario: Scenario, options: Options) -> tuple[Path, dict]:
+def run(scenario: Scenario, options: Options, finish=None) -> tuple[Path, dict]:
     """Runs the scenario's units (only the missing ones with --resume); each completed run is saved at
-    once (see store.py). SIGINT/SIGTERM/SIGHUP tear down, save what completed and raise Interrupted."""
+    once (see store.py). SIGINT/SIGTERM/SIGHUP tear down, save what completed and raise Interrupted.
+    `finish(out, doc)`, if given, writes the report (its path returned) while the live page still serves."""
     check_prerequisites()
     scenario, skipped = select_algorithms(scenario, options.skip_unavailable)
     units = plan(scenario)
@@ -142,44 +149,52 @@ def run(scenario: Scenario, options: Options) -> tuple[Path, dict]:
     store, doc = _open(out, fresh, options)
     for name in skipped:
         print(f"ccscope: {name} is not available in this kernel; running without it", file=sys.stderr)
-    old_handlers = _raise_on_signals()
-    try:
-        ran = _run_missing(scenario, units, doc, store, out, options)
-    except (KeyboardInterrupt, SystemExit) as exc:
-        signum = signal.SIGINT if isinstance(exc, KeyboardInterrupt) else _signal_of(exc)
-        if signum is None:
+    with contextlib.ExitStack() as stack:
+        stack.callback(store.close)  # also when the endpoint cannot start
+        endpoint = stack.enter_context(_endpoint(options))
+        if endpoint:
+            endpoint.hub.scenario_plan(scenario.name, list(scenario.profiles),
+                                       [mix_label(m) for m in scenario.algorithms], len(units))
+        old_handlers = _raise_on_signals()
+        try:
+            ran = _run_missing(scenario, units, doc, store, out, options, endpoint)
+        except (KeyboardInterrupt, SystemExit) as exc:
+            signum = signal.SIGINT if isinstance(exc, KeyboardInterrupt) else _signal_of(exc)
+            if signum is None:
+                raise
+            with signals_held():
+                doc["interrupted"] = signal.Signals(signum).name
+                store.write(doc)
+            raise Interrupted(signum, f"interrupted by {signal.Signals(signum).name} after {len(doc['runs'])} of "
+                                      f"{len(units)} runs; they are saved in {out}/results.json",
+                              f"finish with the same command and --resume {out}") from None
+        except BaseException:
+            if doc["runs"]:
+                print(f"ccscope: {len(doc['runs'])} of {len(units)} runs are saved in {out}/results.json "
+                      f"(finish with the same command and --resume {out})", file=sys.stderr)
             raise
-        with signals_held():
-            doc["interrupted"] = signal.Signals(signum).name
-            store.write(doc)
-        raise Interrupted(signum, f"interrupted by {signal.Signals(signum).name} after {len(doc['runs'])} of "
-                                  f"{len(units)} runs; they are saved in {out}/results.json",
-                          f"finish with the same command and --resume {out}") from None
-    except BaseException:
-        if doc["runs"]:
-            print(f"ccscope: {len(doc['runs'])} of {len(units)} runs are saved in {out}/results.json "
-                  f"(finish with the same command and --resume {out})", file=sys.stderr)
-        raise
-    finally:
-        _restore_signals(old_handlers)
-        store.close()
-    if ran or doc["finished_at"] is None:
-        doc["finished_at"] = now_iso()
-    doc["interrupted"] = None
-    store.write(doc)
+        finally:
+            _restore_signals(old_handlers)
+            store.close()
+        if ran or doc["finished_at"] is None:
+            doc["finished_at"] = now_iso()
+        doc["interrupted"] = None
+        store.write(doc)
+        if finish:
+            report = finish(out, doc)
+            if endpoint:
+                endpoint.show_report(out, report)
     return out, doc
 
 
 def _run_missing(scenario: Scenario, units: list[Unit], doc: dict, store: Store, out: Path,
-                 options: Options) -> int:
+                 options: Options, endpoint: Endpoint | None) -> int:
     """Runs the units not in the document yet, saving each as it completes; how many it ran."""
     todo = [(position, unit) for position, unit in enumerate(units, 1) if unit.label in doc["missing_runs"]]
     if not todo:
         return 0
-    with _telemetry(scenario, options) as (recorder, collector, endpoint):
-        if endpoint:
-            print(f"ccscope: live per-flow telemetry on http://{endpoint}/metrics", file=sys.stderr)
-        progress = Progress(len(units), planned_seconds(scenario))
+    with _telemetry(scenario, endpoint) as (recorder, collector):
+        progress = Progress(len(units), planned_seconds(scenario), listener=endpoint and endpoint.hub.scenario_event)
         verified: set[str] = set(doc["emulation_checks"])
         for position, unit in todo:
             record = _run_unit(scenario, unit, position, out, recorder, collector, progress, options,
@@ -251,30 +266,69 @@ def _restore_signals(old: dict) -> None:
         signal.signal(sig, handler)
 
 
+@dataclass
+class Endpoint:
+    """The live page and /metrics on one listener, up for the whole invocation (the report link included)."""
+
+    registry: CollectorRegistry
+    app: LiveApp
+    hub: Hub
+
+    def show_report(self, out: Path, report: Path) -> None:
+        self.hub.scenario_report(str(report), self.app.show_report(out, report))
+
+
 @contextlib.contextmanager
-def _telemetry(scenario: Scenario, options: Options):
-    listen = parse_listen(options.listen) if options.listen else None
+def _endpoint(options: Options) -> Iterator[Endpoint | None]:
+    if not options.listen:
+        yield None
+        return
+    host, port = parse_listen(options.listen)
+    registry = CollectorRegistry()
+    hub = Hub(mode="scenario", table_rows=table_rows)
+    try:
+        endpoint = Endpoint(registry, LiveApp(hub), hub)
+        registry.register(LiveCollector(hub))
+        limits = Limits(max_streams=MAX_PAGES)  # every live page holds one stream
+        try:
+            server = MetricsServer(registry, host, port, limits=limits)
+        except PrerequisiteError as exc:
+            if options.listen_explicit:
+                raise
+            # the default port is taken (a `ccscope daemon` on this host, say): any free port will do
+            print(f"ccscope: {exc.line()}; the live page takes a free port instead", file=sys.stderr)
+            server = MetricsServer(registry, host, 0, limits=limits)
+    except BaseException:
+        hub.close()
+        raise
+    endpoint.app.mount(server)
+    where = f"[{host}]:{server.port}" if ":" in host else f"{host}:{server.port}"
+    print(f"ccscope: live page http://{where}/ (Prometheus: http://{where}/metrics)", file=sys.stderr, flush=True)
+    try:
+        yield endpoint
+    finally:
+        hub.close()
+        server.close()
+
+
+@contextlib.contextmanager
+def _telemetry(scenario: Scenario, endpoint: Endpoint | None):
+    """The BPF probe and recorder for the runs; their flows on the endpoint while it is open."""
     probe_options = ProbeOptions(emit_samples=True, sample_interval_ns=int(scenario.sample_interval_s * 1e9))
     with TelemetryProbe(probe_options) as probe:
         table = FlowTable(probe, grace_s=5.0)
         collector = FlowCollector(table, FlowSelection("all"), FlowFilter(netns={0}))
-        server = None
-        if listen:
-            registry = CollectorRegistry()
-            registry.register(collector)
-            try:
-                server = MetricsServer(registry, *listen)
-            except PrerequisiteError as exc:
-                if options.listen_explicit:
-                    raise
-                print(f"ccscope: live endpoint off: {exc.line()}", file=sys.stderr)
-        recorder = Recorder(probe)
+        if endpoint:
+            endpoint.registry.register(collector)
+            endpoint.hub.table_source = table_source(probe, lambda: collector.filter)
+        recorder = Recorder(probe, listener=endpoint.hub.on_sample if endpoint else None)
         try:
-            yield recorder, collector, options.listen if server else None
+            yield recorder, collector
         finally:
             recorder.close()
-            if server:
-                server.close()
+            if endpoint:  # nothing reads the probe once it is closed
+                endpoint.hub.table_source = None
+                endpoint.registry.unregister(collector)
 
 
 def _run_unit(scenario: Scenario, unit: Unit, position: int, out: Path, recorder: Recorder, collector,
@@ -305,7 +359,8 @@ def _run_unit(scenario: Scenario, unit: Unit, position: int, out: Path, recorder
         link_before = tb.link_stats()  # the verify probe above went through the same queues
         recorder.start(netns)
         record["started_at"] = now_iso()
-        progress.start(position, unit.label)
+        progress.start(position, unit.label, profile=unit.profile, algorithm=mix_label(unit.mix),
+                       repetition=unit.repetition)
         traffic = run_traffic(tb, scenario, unit.mix, progress.update, out / "raw" / _stem(unit))
         series = recorder.stop()
         record["link"] = _link_delta(tb.link_stats(), link_before)

@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 from ..errors import PrerequisiteError
 
 LISTEN_BACKLOG = 128  # the kernel queue in front of accept(); the accept loop drains it at once
+STREAM_SNDBUF = 32 * 1024  # bytes; the kernel doubles it
 
 
 @dataclass(frozen=True)
@@ -278,6 +279,10 @@ class HttpServer:
             if not isinstance(response, Stream):
                 self._send(conn, request.method, response, close=True)
                 return False
+            # A reader that stalls then holds at most this much in the kernel (autotuning would let the buffer
+            # grow to tcp_wmem's 4 MB); the stream's own bounded queue takes over from there.
+            with contextlib.suppress(OSError):
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, STREAM_SNDBUF)
             headers = [("Content-Type", response.content_type), ("Cache-Control", "no-cache"),
                        *response.headers, *self.extra_headers, ("Connection", "close")]
             _send_all(conn, _head(200, headers), self.limits.write_timeout_s)

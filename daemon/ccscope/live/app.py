@@ -1,0 +1,194 @@
+"""The live page's HTTP side, as a WSGI app the metrics server mounts next to /metrics (same auth, same TLS).
+
+GET /            the page
+GET /static/F    its script, stylesheet and the vendored chart library (a fixed list, nothing else on disk)
+GET /events      Server-Sent Events: `hello` (everything so far), then `points`, `table`, `scenario`, `run`,
+                 `lag` (this client lost updates), `bye`
+GET /report/F    a scenario's report.html and plots, once written
+"""
+
+from __future__ import annotations
+
+import heapq
+import mimetypes
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from ccscope.errors import PrerequisiteError
+from ccscope.flows import FLOW_COLUMNS, FlowFilter, FlowRecord, decode
+from ccscope.web.server import HttpServer, Request, Response, Route, Stream
+
+from . import vendor
+from .hub import Hub, TooManyClients, event
+
+TABLE_ROWS = 500
+KEEPALIVE_S = 15.0  # an idle stream still writes, so a vanished client is noticed and its slot freed
+PAGE_FILES = ("index.html", "live.js", "live.css")
+_REPORT_FILE = re.compile(r"^(report\.html|plots/[A-Za-z0-9_.-]+\.png)$")
+
+
+def static_files() -> dict[str, Path]:
+    base = Path(str(resources.files("ccscope.live") / "static"))
+    files = {name: base / name for name in PAGE_FILES}
+    files.update({name: base / "vendor" / name for name in vendor.UPLOT_FILES.values()})
+    missing = [name for name, path in files.items() if not path.is_file()]
+    if missing:
+        raise PrerequisiteError(f"live page assets missing: {', '.join(missing)}",
+                                "build them with `make assets` (or start the daemon with --no-live)")
+    return files
+
+
+def table_source(probe, flow_filter: Callable[[], FlowFilter]) -> Callable[[], tuple[list[FlowRecord], int]]:
+    """Reads the kernel flow map for the table by columns: the namespace and port filters and the top TABLE_ROWS
+    by bytes are applied to the columns, so only the rows shown are decoded."""
+
+    def read() -> tuple[list[FlowRecord], int]:
+        wanted = flow_filter()
+        columns = probe.read_flow_columns()
+        chosen: Iterable[int] = range(len(columns))
+        if wanted.netns:
+            netns = columns.column("netns")
+            chosen = [i for i in chosen if netns[i] in wanted.netns]
+        if wanted.ports:
+            sport, dport = columns.column("sport"), columns.column("dport")
+            chosen = [i for i in chosen if sport[i] in wanted.ports or dport[i] in wanted.ports]
+        if wanted.cidrs:
+            flows = [f for f in (decode(columns.record(i)) for i in chosen) if wanted.matches(f)]
+            return sorted(flows, key=lambda f: f.bytes_total, reverse=True)[:TABLE_ROWS], len(flows)
+        chosen = list(chosen)
+        acked, received = columns.column("bytes_acked"), columns.column("bytes_received")
+        busiest = heapq.nlargest(TABLE_ROWS, chosen, key=lambda i: acked[i] + received[i])
+        return [decode(columns.record(i)) for i in busiest], len(chosen)
+
+    return read
+
+
+def table_rows(source: tuple[list[FlowRecord], int]) -> dict:
+    """The `ccscope flows` columns, as text and as sort keys."""
+    flows, total = source
+    return {"columns": [c.title for c in FLOW_COLUMNS], "total": total,
+            "rows": [{"id": str(f.cookie), "cells": [c.text(f) for c in FLOW_COLUMNS],
+                      "keys": [c.key(f) for c in FLOW_COLUMNS], "closed": bool(f.closed_ns),
+                      "queueing_delay_ms": round(f.queueing_delay_s * 1e3, 2),
+                      "ratio": round(f.srtt_s / f.min_rtt_s, 2) if f.min_rtt_s else None}
+                     for f in flows]}
+
+
+@dataclass
+class Reply:
+    status: int
+    body: bytes
+    content_type: str = "text/plain; charset=utf-8"
+    headers: list[tuple[str, str]] = field(default_factory=list)
+
+
+class EventStream:
+    """One page's event stream: an iterator of SSE chunks; close() (also when never iterated) frees the slot."""
+
+    headers = (("Cache-Control", "no-cache"), ("X-Accel-Buffering", "no"))
+
+    def __init__(self, hub: Hub) -> None:
+        self._hub = hub
+        self._client = hub.connect()  # TooManyClients when full
+        self._started = False
+        self._done = False
+
+    def __iter__(self) -> EventStream:
+        return self
+
+    def __next__(self) -> bytes:
+        if self._done:
+            self.close()
+            raise StopIteration
+        if not self._started:
+            self._started = True
+            return b"retry: 2000\n\n"
+        messages = self._client.take(KEEPALIVE_S)
+        if not messages:
+            return b": keepalive\n\n"
+        self._done = messages[-1] == _BYE
+        return b"".join(messages)
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._hub.disconnect(self._client)
+            self._client = None
+            self._done = True
+
+
+class LiveApp:
+    """The page's paths: get() answers one, mount() adds them all to the daemon's HTTP server."""
+
+    def __init__(self, hub: Hub) -> None:
+        self.hub = hub
+        self.files = {name: (path.read_bytes(), _content_type(name)) for name, path in static_files().items()}
+        self.report_dir: Path | None = None
+        self._server: HttpServer | None = None
+
+    def get(self, path: str) -> Reply | EventStream:
+        if path in ("/", "/index.html"):
+            return self._file("index.html")
+        if path.startswith("/static/"):
+            return self._file(path.removeprefix("/static/"))
+        if path == "/events":
+            try:
+                return EventStream(self.hub)
+            except TooManyClients as exc:
+                return Reply(503, f"{exc}\n".encode(), headers=[("Retry-After", "10")])
+        if path.startswith("/report/"):
+            return self._report(path.removeprefix("/report/"))
+        return Reply(404, b"not found\n")
+
+    def _file(self, name: str) -> Reply:
+        if name not in self.files:
+            return Reply(404, b"not found\n")
+        body, content_type = self.files[name]
+        return Reply(200, body, content_type, [("Cache-Control", "no-cache"), *SECURITY_HEADERS])
+
+    def _report(self, name: str) -> Reply:
+        if self.report_dir is None or not _REPORT_FILE.match(name):
+            return Reply(404, b"no report yet\n")
+        try:
+            body = (self.report_dir / name).read_bytes()
+        except OSError:
+            return Reply(404, b"not found\n")
+        return Reply(200, body, _content_type(name))
+
+    def mount(self, server: HttpServer) -> None:
+        """The page's paths on the daemon's server, beside /metrics: same listener, same TLS and auth."""
+        for path in ("/", "/index.html", *(f"/static/{name}" for name in self.files)):
+            server.add_route(path, Route(self._handler(path)))
+        server.add_route("/events", Route(self._handler("/events"), stream=True))
+        self._server = server
+
+    def show_report(self, directory: Path, report: Path) -> str:
+        """Serves the report and its plots (the files there now, nothing else); returns its path on the page."""
+        self.report_dir = directory
+        if self._server is not None:
+            names = [report.name, *(f"plots/{p.name}" for p in sorted((directory / "plots").glob("*.png")))]
+            for name in names:
+                self._server.add_route(f"/report/{name}", Route(self._handler(f"/report/{name}")))
+        return f"report/{report.name}"
+
+    def _handler(self, path: str) -> Callable[[Request], Response | Stream]:
+        def handle(_request: Request) -> Response | Stream:
+            reply = self.get(path)
+            if isinstance(reply, EventStream):
+                return Stream(reply, "text/event-stream", list(reply.headers))
+            return Response(reply.status, reply.body, reply.content_type, reply.headers)
+
+        return handle
+
+
+_BYE = event("bye", {})
+SECURITY_HEADERS = [("X-Content-Type-Options", "nosniff"),
+                     ("Content-Security-Policy",
+                      "default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:")]
+
+
+def _content_type(name: str) -> str:
+    kind = mimetypes.guess_type(name)[0] or "text/plain"
+    return f"{kind}; charset=utf-8" if kind.startswith("text/") or kind.endswith("javascript") else kind

@@ -1,0 +1,389 @@
+"""The live page in a real browser (headless Chromium), fed by the real BPF probe: a `ccscope daemon` watching an
+iperf3 flow through a namespace link, and a short `ccscope scenario` run. Plus the hub's bounds, without a browser.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import json
+import re
+import socket
+import ssl
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from ccscope.live import hub as hubmod
+from ccscope.live import vendor
+from ccscope.live.app import LiveApp
+from ccscope.live.hub import Hub, TooManyClients
+from livehelpers import artifacts_dir, chromium, console_errors, require_browser, screenshot, wait_js
+from nethelpers import Link, Sink, connect, free_port, parse_metrics, run, wait_port
+from prereqs import ROOT, require, require_bpf_object, require_root, require_tools
+
+USER, PASSWORD = "viewer", "s3cret-live"
+LINK_RATE_MBPS = 30
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "ccscope.cli", *args]
+
+
+def _live_prerequisites() -> None:
+    require_root()
+    require_bpf_object()
+    require_tools("ip", "tc", "iperf3", "ss")
+    require(not vendor.missing_files(), "live page assets not built: make assets")
+    require_browser()
+
+
+def _get(url: str, auth: tuple[str, str] | None = None, timeout: float = 5) -> tuple[int, bytes]:
+    request = urllib.request.Request(url)
+    if auth:
+        request.add_header("Authorization", "Basic " + base64.b64encode(":".join(auth).encode()).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.read(4096)
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+@contextlib.contextmanager
+def _process(argv: list[str], ready: str) -> Iterator[tuple[subprocess.Popen, str]]:
+    """A ccscope subprocess, until the stderr line containing `ready`; stopped with SIGTERM at the end."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        seen = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            if not line:
+                break
+            seen.append(line)
+            if ready in line:
+                yield proc, line
+                return
+        raise AssertionError(f"{argv[3]} never printed {ready!r}: {''.join(seen)}")
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+def link() -> Iterator[Link]:
+    _live_prerequisites()
+    created = Link.create()
+    try:
+        yield created
+    finally:
+        created.close()
+
+
+# --- the daemon's page, a real flow -----------------------------------------------------------------------------------
+
+
+def test_daemon_page_charts_a_live_iperf3_flow(link: Link, tmp_path: Path) -> None:
+    users = tmp_path / "users"
+    users.write_text(f"{USER}:{hashlib.sha256(PASSWORD.encode()).hexdigest()}\n")
+    port, iperf_port = free_port(), free_port()
+    link.shape(rate=f"{LINK_RATE_MBPS}mbit", burst="32kb", limit="96kb")
+    server = link.popen(link.b, "iperf3", "-s", "-1", "-p", str(iperf_port), stdout=subprocess.DEVNULL)
+    client = None
+    argv = _cli("daemon", "--listen", f"127.0.0.1:{port}", "--basic-auth-file", str(users),
+                "--netns", str(link.inode_a))
+    try:
+        with _process(argv, "serving") as (_, line), chromium() as driver:
+            assert f"live page http://127.0.0.1:{port}/" in line
+            base = f"http://127.0.0.1:{port}"
+            # Basic auth guards the page, its stream and /metrics alike
+            for path in ("/", "/events", "/static/live.js", "/metrics"):
+                assert _get(base + path)[0] == 401, path
+                assert _get(base + path, ("nobody", PASSWORD))[0] == 401, path
+            status, body = _get(base + "/", (USER, PASSWORD))
+            assert status == 200 and b"ccscope live" in body
+            assert _get(base + "/nope", (USER, PASSWORD))[0] == 404
+
+            wait_port(iperf_port, link.b)
+            client = link.popen(link.a, "iperf3", "-c", link.addr_b, "-p", str(iperf_port), "-t", "15", "-C",
+                                "cubic", stdout=subprocess.DEVNULL)
+            local_port = _data_connection_port(link, iperf_port)
+            driver.get(f"http://{USER}:{PASSWORD}@127.0.0.1:{port}/")
+            opened = time.monotonic()
+            charted = wait_js(driver, f"""(() => {{
+                const s = window.ccscopeLive;
+                const id = Object.keys(s.flows).find((k) => s.flows[k].info.sport === {local_port});
+                const row = id && document.querySelector(`#flows tr[data-id="${{id}}"]`);
+                return id && row && s.charted.includes(id) && s.flows[id].received > 0
+                  && Number(document.body.dataset.chartPoints) > 0 ? id : null; }})()""", timeout=2.0)
+            waited = time.monotonic() - opened
+            assert charted, f"the flow (local port {local_port}) was not charted within 2 s of opening the page"
+            print(f"flow charted {waited:.2f} s after the page opened")
+
+            # a few seconds of pushes, then the numbers
+            wait_js(driver, f"window.ccscopeLive.flows['{charted}'].received >= 40", timeout=10)
+            flow = driver.execute_script(f"return window.ccscopeLive.flows['{charted}'];")
+            info, (times, cwnd, srtt, min_rtt, mbps, _) = flow["info"], flow["cols"]
+            assert info["cc"] == "cubic" and info["netns"] == link.inode_a and info["dport"] == iperf_port
+            assert times == sorted(times) and abs(times[-1] - time.time()) < 5  # wall clock, fresh
+            assert min(cwnd) >= 1 and max(cwnd) >= 10
+            assert all(s >= m for s, m in zip(srtt, min_rtt, strict=True) if m is not None)
+            # throughput (bytes acked over 200 ms windows) against the tbf rate of the link
+            settled = statistics.median(mbps[-20:])
+            assert 0.5 * LINK_RATE_MBPS <= settled <= 1.1 * LINK_RATE_MBPS, mbps[-20:]
+            # pushes: at least 5 a second (median gap between `points` messages)
+            gaps = driver.execute_script(
+                "const t = window.ccscopeLive.pushTimes; return t.slice(1).map((v, i) => v - t[i]);")
+            assert len(gaps) >= 10 and statistics.median(gaps) <= 200, gaps
+            # the table row: the same columns as `ccscope flows`, with the threshold state of the alert
+            header = driver.execute_script(
+                "return [...document.querySelectorAll('#flows thead th')].map((th) => th.textContent);")
+            assert header[1:13] == ["FLOW", "NETNS", "CC", "STATE", "CWND", "SSTHR", "SRTT", "MINRTT", "DELIVERY",
+                                    "PACING", "BYTES", "RETRANS"] and header[13] == "BUFFERBLOAT"
+            bloat = driver.execute_script(
+                f"return document.querySelector('#flows tr[data-id=\"{charted}\"] td[data-bloat]').dataset.bloat;")
+            assert bloat in ("ok", "over", "alert")
+            # the filter hides other rows, sorting by a header click reorders
+            driver.execute_script("const f = document.getElementById('filter'); f.value = arguments[0];"
+                                  "f.dispatchEvent(new Event('input'));", str(local_port))
+            rows = driver.execute_script("return [...document.querySelectorAll('#flows tbody tr')]"
+                                         ".map((tr) => tr.dataset.id);")
+            assert rows == [charted]
+            screenshot(driver, artifacts_dir(tmp_path), "live-daemon.png")
+            assert console_errors(driver) == []
+    finally:
+        for proc in (client, server):
+            if proc is not None:
+                proc.kill()
+                proc.wait()
+
+
+def test_page_and_stream_over_tls(tmp_path: Path) -> None:
+    """TLS covers the page and its event stream as it covers /metrics: one listener."""
+    require_root()
+    require_bpf_object()
+    require_tools("openssl")
+    require(not vendor.missing_files(), "live page assets not built: make assets")
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    run("openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+        "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key),
+        "-out", str(cert))
+    port = free_port()
+    argv = _cli("daemon", "--listen", f"127.0.0.1:{port}", "--tls-cert", str(cert), "--tls-key", str(key))
+    with _process(argv, "serving") as (_, line):
+        assert f"https://127.0.0.1:{port}/" in line
+        context = ssl.create_default_context(cafile=str(cert))
+        with urllib.request.urlopen(f"https://127.0.0.1:{port}/", context=context, timeout=10) as response:
+            assert response.status == 200 and b"ccscope live" in response.read()
+        with urllib.request.urlopen(f"https://127.0.0.1:{port}/events", context=context, timeout=10) as stream:
+            assert stream.headers["Content-Type"].startswith("text/event-stream")
+            head = b""
+            while b"event: hello" not in head and len(head) < 1 << 16:
+                head += stream.read1(4096)
+            hello = json.loads(head.split(b"event: hello\ndata: ", 1)[1].split(b"\n", 1)[0])
+            assert hello["mode"] == "daemon" and hello["push_hz"] >= 5
+        with pytest.raises(OSError):  # no plain HTTP on the TLS listener
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5).read()
+
+
+def test_a_page_that_stops_reading_loses_updates_and_is_told(tmp_path: Path) -> None:
+    """A stalled reader: its updates are dropped (counted on /metrics), a reading page still gets its pushes, and
+    the stalled one is told how many it lost when it reads again."""
+    require_root()
+    require_bpf_object()
+    require(not vendor.missing_files(), "live page assets not built: make assets")
+    sink_port, port = free_port(), free_port()
+    sink = Sink(socket.AF_INET, "127.0.0.1", sink_port)
+    senders = [connect(socket.AF_INET, "127.0.0.1", sink_port) for _ in range(24)]
+    stop = threading.Event()
+
+    def trickle() -> None:  # tcp_probe sees the flows every 10 ms: points for every push
+        while not stop.wait(0.01):
+            for sender in senders:
+                sender.send(b"x" * 1000)
+
+    thread = threading.Thread(target=trickle, daemon=True)
+    thread.start()
+    slow = socket.socket()
+    slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window: the daemon's writes stall soon
+    try:
+        with _process(_cli("daemon", "--listen", f"127.0.0.1:{port}", "--port", str(sink_port)), "serving"):
+            slow.connect(("127.0.0.1", port))
+            slow.sendall(b"GET /events HTTP/1.1\r\nHost: test\r\n\r\n")
+
+            def dropped() -> float:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+                    text = response.read().decode()
+                return sum(v for n, _, v in parse_metrics(text) if n == "ccscope_live_updates_dropped_total")
+
+            # a page that reads normally all along: the stalled one must not hold it up
+            pushes: list[float] = []
+            reader = threading.Thread(target=_count_pushes, args=(port, pushes, stop), daemon=True)
+            reader.start()
+            deadline = time.monotonic() + 60
+            while dropped() < 5 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            stalled_at = time.monotonic()
+            assert dropped() >= 5, "the stalled page's queue never overflowed"
+            # it reads again (before the server's write timeout gives up on it) and is told what it lost
+            slow.settimeout(10)
+            received = b""
+            while b"event: lag" not in received and len(received) < 1 << 24:
+                chunk = slow.recv(1 << 16)
+                assert chunk, "the stream ended without a lag event"
+                received += chunk
+            lag = json.loads(received.split(b"event: lag\ndata: ", 1)[1].split(b"\n", 1)[0])
+            assert lag["dropped"] >= 5
+            during = [t for t in pushes if stalled_at - 5 <= t <= stalled_at]
+            assert len(during) >= 25, f"the reading page got {len(during)} pushes in the 5 s before (>= 5/s)"
+    finally:
+        stop.set()
+        thread.join(timeout=2)
+        for sock in (slow, *senders):
+            sock.close()
+        sink.close()
+
+
+def _count_pushes(port: int, times: list[float], stop: threading.Event) -> None:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/events", timeout=10) as stream:
+        while not stop.is_set():
+            chunk = stream.read1(65536)
+            if not chunk:
+                return
+            times.extend([time.monotonic()] * chunk.count(b"event: points\n"))
+
+
+def _data_connection_port(link: Link, port: int) -> int:
+    """iperf3's data connection: of its two connections to `port`, the one with the most bytes acked (ss)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        out = run("ip", "netns", "exec", link.a, "ss", "-tinH", f"dport = :{port}", check=False).stdout
+        best, port_of = -1, None
+        lines = out.splitlines()
+        for head, detail in zip(lines[::2], lines[1::2], strict=False):
+            acked = int(detail.split("bytes_acked:")[1].split()[0]) if "bytes_acked:" in detail else 0
+            if acked > best:
+                best, port_of = acked, int(head.split()[3].rsplit(":", 1)[1])
+        if best > 100_000:
+            return port_of
+        time.sleep(0.1)
+    raise AssertionError(f"no iperf3 data connection to port {port}")
+
+
+# --- a scenario's progress --------------------------------------------------------------------------------------------
+
+
+def test_scenario_page_shows_the_run_in_progress_over_finished_runs(tmp_path: Path) -> None:
+    """The issue's demo, shortened: wired-vs-wireless --quick with 4 s flows (6 runs) and no path check."""
+    _live_prerequisites()
+    out, port = tmp_path / "out", free_port()
+    argv = _cli("scenario", "wired-vs-wireless", "--quick", "--duration", "4s", "--no-verify", "--listen",
+                f"127.0.0.1:{port}", "--out", str(out))
+    with _process(argv, "live page") as (proc, line), chromium() as driver:
+        assert f"http://127.0.0.1:{port}/" in line
+        driver.get(f"http://127.0.0.1:{port}/")
+        assert wait_js(driver, "Number(document.body.dataset.scenarioRun) >= 1 "
+                               "&& Number(document.body.dataset.scenarioProgress) > 0", timeout=30)
+        label = driver.find_element("id", "sc-label").text
+        label_re = r"run \d/6: profile (wired|wireless), (reno|cubic|bbr), repetition 1( \(finished\))?"
+        assert re.fullmatch(label_re, label), label
+        # a run in progress drawn over finished runs of its profile, its curve growing
+        overlaid = "Number(document.body.dataset.currentOverlaid) >= 1 && Number(document.body.dataset.currentPoints)"
+        first = wait_js(driver, f"{overlaid} >= 20 && Number(document.body.dataset.currentPoints)", timeout=60)
+        assert first, driver.execute_script("return [document.body.dataset, window.ccscopeLive.scenario];")
+        assert wait_js(driver, f"{overlaid} >= {first + 20}", timeout=5), "the current run's curve stopped growing"
+        shot = screenshot(driver, artifacts_dir(tmp_path), "live-scenario.png")
+        runs = driver.execute_script("return window.ccscopeLive.runs;")
+        for run in runs:
+            [curve] = run["flows"]  # the bulk flow (iperf3's control connection carries too little)
+            assert curve["cc"] == run["label"].split("/")[1].split("#")[0] and max(curve["cwnd"]) >= 10
+            assert 3.5 <= curve["t"][-1] - curve["t"][0] <= 8.0, run["label"]  # a 4 s flow (and its close)
+        # the report link once written
+        assert wait_js(driver, "window.ccscopeLive.scenario.report_url", timeout=90) == "report/report.html"
+        final_runs = driver.execute_script("return window.ccscopeLive.runs;")
+        assert proc.wait(timeout=60) == 0
+        assert console_errors(driver) == []
+    assert (out / "report.html").is_file() and shot.is_file()
+    doc = json.loads((out / "results.json").read_text())
+    page_runs = [r["label"] for r in final_runs]
+    assert sorted(page_runs) == sorted(r["label"] for r in doc["runs"]), page_runs
+
+
+# --- the vendored chart library ------------------------------------------------------------------------------------
+
+
+def test_vendored_uplot_is_the_pinned_tarball(tmp_path: Path) -> None:
+    require(not vendor.missing_files(), "live page assets not built: make assets")
+    data = vendor.tarball()  # the cached download of `make assets` (or a fresh one), checked against the pin
+    assert vendor._verified(data)
+    assert not vendor._verified(data[:-1] + bytes([data[-1] ^ 1]))
+    vendor.extract(data, tmp_path)
+    for name in vendor.UPLOT_FILES.values():
+        assert (tmp_path / name).read_bytes() == (vendor.VENDOR_DIR / name).read_bytes(), name
+    assert f"(v{vendor.UPLOT_VERSION})" in (tmp_path / "uPlot.iife.min.js").read_text()[:200]
+    assert "MIT License" in (tmp_path / "uPlot.LICENSE").read_text()
+    page = (ROOT / "daemon/ccscope/live/static/index.html").read_text()
+    assert "http" not in page.replace("http-equiv", "")  # no CDN, nothing off the machine
+
+
+# --- the hub's bounds (no browser, no kernel) ---------------------------------------------------------------------
+
+
+def test_slow_client_loses_oldest_updates_and_is_told() -> None:
+    hub = Hub()
+    try:
+        slow = hub.connect()
+        for i in range(hubmod.CLIENT_QUEUE * 5):
+            slow.put(hubmod.event("points", {"n": i}))
+        assert len(slow.queue) == hubmod.CLIENT_QUEUE  # bounded memory
+        messages = slow.take(0)
+        assert messages[0].startswith(b"event: lag")
+        lag = json.loads(messages[0].split(b"data: ")[1])
+        assert lag["dropped"] == hubmod.CLIENT_QUEUE * 5 + 1 - hubmod.CLIENT_QUEUE  # + the hello
+        assert json.loads(messages[-1].split(b"data: ")[1]) == {"n": hubmod.CLIENT_QUEUE * 5 - 1}  # newest kept
+        assert not slow.take(0)  # told once
+    finally:
+        hub.close()
+
+
+def test_client_limit_answers_503() -> None:
+    require(not vendor.missing_files(), "live page assets not built: make assets")
+    hub = Hub()
+    app = LiveApp(hub)
+    try:
+        clients = [hub.connect() for _ in range(hubmod.MAX_CLIENTS)]
+        with pytest.raises(TooManyClients):
+            hub.connect()
+        assert app.get("/events").status == 503
+        hub.disconnect(clients[0])
+        stream = app.get("/events")  # the freed slot; closing the stream (even unread) frees it again
+        assert hub.client_count == hubmod.MAX_CLIENTS
+        stream.close()
+        assert hub.client_count == hubmod.MAX_CLIENTS - 1
+    finally:
+        hub.close()
+
+
+def test_bufferbloat_thresholds_are_the_alert_rules() -> None:
+    rules = yaml.safe_load((ROOT / "deploy/prometheus/rules/ccscope-alerts.yml").read_text())
+    [alert] = [r for g in rules["groups"] for r in g["rules"] if r.get("alert") == "CcscopeFlowBufferbloat"]
+    expr = " ".join(alert["expr"].split())
+    assert expr == (f"ccscope_flow_queueing_delay_seconds > {hubmod.BLOAT_QUEUEING_DELAY_S:g} and "
+                    f"ccscope_flow:srtt_over_min_rtt:ratio > {hubmod.BLOAT_RTT_RATIO:g}")
+    assert alert["for"] == f"{hubmod.BLOAT_FOR_S / 60:g}m"
+    assert hubmod.bufferbloat(0.250, 0.050) and not hubmod.bufferbloat(0.140, 0.050)  # ratio 5 / ratio 2.8
+    assert not hubmod.bufferbloat(0.650, 0.600)  # satellite: 50 ms of queue, ratio 1.08
