@@ -11,10 +11,10 @@ import socket
 
 import pytest
 from ccscope import bpf_types as bt
-from ccscope.cli import FLOW_COLUMNS, _bytes, _rate, _trace_line, format_flows
+from ccscope.cli import _trace_line, format_flows
 from ccscope.errors import UsageError
 from ccscope.exporter import histogram_buckets
-from ccscope.flows import FlowFilter, FlowSelection, decode, record_fields
+from ccscope.flows import FLOW_COLUMNS, FlowFilter, FlowSelection, decode, format_bytes, format_rate, record_fields
 from ccscope.flowscan import FlowColumns
 from ccscope.units import parse_duration, parse_listen, parse_loss, parse_rate, parse_size
 
@@ -232,18 +232,18 @@ def test_histogram_buckets_cumulative_in_seconds() -> None:
 @pytest.mark.parametrize("value, text", [(None, "-"), (125_000, "1.0Mb"), (1.25e8, "1.0Gb"), (100, "800b"),
                                          (1250, "10.0kb")])
 def test_rate_format(value, text: str) -> None:
-    assert _rate(value) == text
+    assert format_rate(value) == text
 
 
 @pytest.mark.parametrize("value, text", [(512, "512"), (2048, "2.0K"), (3 << 20, "3.0M"), (5 << 30, "5.0G")])
 def test_bytes_format(value: int, text: str) -> None:
-    assert _bytes(value) == text
+    assert format_bytes(value) == text
 
 
 def test_format_flows_table() -> None:
     flow = decode(raw_flow(saddr="192.0.2.1", daddr="192.0.2.2"))
     lines = format_flows([flow]).splitlines()
-    assert lines[0].split() == [title for title, _, _ in FLOW_COLUMNS]
+    assert lines[0].split() == [c.title for c in FLOW_COLUMNS]
     row = lines[1].split()
     assert row[0] == "192.0.2.1:40000->192.0.2.2:5201"
     assert row[2:8] == ["cubic", "open", "20", "14", "12.50ms", "10.00ms"]
