@@ -291,7 +291,7 @@ def test_signal_after_first_run_saves_it_and_resume_completes(ccscope_cmd, tmp_p
     if sig == signal.SIGTERM:  # (resuming after SIGINT is the same; SIGKILL resumes below)
         other = started("--resume", str(out), "--duration", "4s")  # a different scenario is not mixed in
         assert other.finish() == 2
-        assert other.err().count("\n") == 1 and "scenario file duration: '3s' there, '4s' now" in other.err()
+        assert other.err().count("\n") == 1 and "scenario file duration: '3s' there, " in other.err()
         assert results.load(out)["runs"] == doc["runs"]
         _resume_completes(ccscope_cmd, started, out, doc).assert_nothing_left()
 
