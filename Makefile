@@ -6,6 +6,10 @@ BPF_OBJ := daemon/ccscope/bpf/ccscope.bpf.o
 BPF_CFLAGS := -g -O2 -target bpf -D__TARGET_ARCH_$(ARCH) -Wall -Werror \
 	-I/usr/include/$(MULTIARCH) -Ibpf
 
+# ccscope's BPF congestion controls (struct_ops), one object per algorithm.
+CC_NAMES := reno vegas westwood copa
+CC_OBJS := $(patsubst %,daemon/ccscope/bpf/cc/%.bpf.o,$(CC_NAMES))
+
 # The userspace delay stage of the emulated network (kernels without sch_netem).
 DELAYLINE := daemon/ccscope/emulation/ccscope-delayline
 
@@ -22,9 +26,13 @@ setup:
 	tools/bootstrap
 setup-dev:
 	tools/bootstrap --dev
-bpf: $(BPF_OBJ)
+bpf: $(BPF_OBJ) $(CC_OBJS)
 
 $(BPF_OBJ): bpf/ccscope.bpf.c bpf/ccscope.h bpf/core_min.h
+	@mkdir -p $(dir $@)
+	$(CLANG) $(BPF_CFLAGS) -c $< -o $@
+
+daemon/ccscope/bpf/cc/%.bpf.o: bpf/cc/%.bpf.c bpf/cc/cc_common.h bpf/core_min.h
 	@mkdir -p $(dir $@)
 	$(CLANG) $(BPF_CFLAGS) -c $< -o $@
 
@@ -34,4 +42,4 @@ $(DELAYLINE): daemon/ccscope/emulation/delayline.c
 	$(CC) -O2 -Wall -Wextra -Werror -o $@ $< -lnetfilter_queue -lnfnetlink
 
 clean:
-	rm -f $(BPF_OBJ) $(DELAYLINE)
+	rm -f $(BPF_OBJ) $(CC_OBJS) $(DELAYLINE)
