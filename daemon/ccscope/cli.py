@@ -309,9 +309,11 @@ def build_parser() -> argparse.ArgumentParser:
     checker = sub.add_parser("check", help="can this kernel run ccscope? what is missing, and the fix")
     checker.set_defaults(func=cmd_check)
 
+    from .cc.cli import register as register_cc
     from .scenario.cli import register as register_scenario
 
     register_scenario(sub)
+    register_cc(sub)
     return parser
 
 

@@ -34,7 +34,7 @@ def state_dir() -> Path:
     return Path(os.environ.get("CCSCOPE_STATE_DIR", "/run/ccscope"))
 
 
-def _pid_start(pid: int) -> int | None:
+def pid_start(pid: int) -> int | None:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
@@ -43,7 +43,7 @@ def _pid_start(pid: int) -> int | None:
 
 
 def pid_alive(pid: int, start: int | None = None) -> bool:
-    now = _pid_start(pid)
+    now = pid_start(pid)
     return now is not None and (start is None or now == start)
 
 
@@ -65,7 +65,7 @@ class RunState:
     @classmethod
     def new(cls, run_id: str, namespaces: list[str]) -> RunState:
         pid = os.getpid()
-        return cls(run_id=run_id, pid=pid, pid_start=_pid_start(pid), created=time.time(),
+        return cls(run_id=run_id, pid=pid, pid_start=pid_start(pid), created=time.time(),
                    namespaces=list(namespaces), allowed_original=" ".join(algorithms.allowed_algorithms()))
 
     def save(self) -> None:

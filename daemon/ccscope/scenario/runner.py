@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from ccscope import __version__
+from ccscope.cc import provided
 from ccscope.errors import PrerequisiteError, UsageError
 
 from . import analysis, results
@@ -66,10 +67,11 @@ def check_prerequisites() -> None:
 
 
 def select_algorithms(scenario: Scenario, skip_unavailable: bool) -> tuple[Scenario, list[str]]:
-    """Drops algorithms the kernel lacks if optional (or with --skip-unavailable); else one clear error."""
-    from ccscope.emulation.algorithms import available_algorithms
+    """Drops algorithms neither the kernel nor ccscope's BPF programs provide if optional (or with
+    --skip-unavailable); else one clear error."""
+    from ccscope.cc import providable
 
-    available = available_algorithms()
+    available = providable()
     missing = [a for a in scenario.all_algorithms if a not in available]
     required = [a for a in missing if a not in scenario.optional_algorithms]
     if required and not skip_unavailable:
@@ -107,7 +109,9 @@ def run(scenario: Scenario, options: Options) -> tuple[Path, dict]:
         print(f"ccscope: {name} is not available in this kernel; running without it", file=sys.stderr)
     (out / "flows").mkdir(parents=True, exist_ok=True)
     doc = results.new_document(scenario, units, skipped, options.quick)
-    with _telemetry(scenario, options) as (recorder, collector, endpoint):
+    with provided(scenario.all_algorithms, f"scenario {scenario.name}") as implementations, \
+            _telemetry(scenario, options) as (recorder, collector, endpoint):
+        doc["implementations"] = {name: impl.as_dict() for name, impl in implementations.items()}
         if endpoint:
             print(f"ccscope: live per-flow telemetry on http://{endpoint}/metrics", file=sys.stderr)
         progress = Progress(len(units), planned_seconds(scenario))
