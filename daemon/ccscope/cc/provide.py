@@ -39,6 +39,13 @@ def providable() -> set[str]:
     return names
 
 
+def check_forced(names: list[str]) -> None:
+    """One clear line for bpf:NAME where the kernel cannot run BPF congestion controls at all."""
+    for name in names:
+        if catalog.is_forced(name):
+            structops.require_supported(catalog.FORCE_PREFIX + (catalog.bpf_source(name) or name))
+
+
 def resolve(name: str, kernel: set[str] | None = None) -> Implementation:
     """The kernel's module where it exists; else ccscope's BPF program (bpf:NAME always the BPF one)."""
     name = catalog.normalize(name)
@@ -60,7 +67,7 @@ def provided(names: list[str], what: str) -> Iterator[dict[str, Implementation]]
     """Resolves every name and keeps the BPF ones registered until the block ends: normally, on an error,
     on Ctrl-C, SIGTERM or SIGHUP (`ccscope cleanup` handles kill -9)."""
     kernel = kernel_algorithms()
-    chosen = {n: resolve(n, kernel) for n in names}
+    chosen = {catalog.normalize(n): resolve(n, kernel) for n in names}
     tokens: list[tuple[str, str]] = []
     with _signals_exit():
         try:

@@ -69,8 +69,9 @@ def check_prerequisites() -> None:
 def select_algorithms(scenario: Scenario, skip_unavailable: bool) -> tuple[Scenario, list[str]]:
     """Drops algorithms neither the kernel nor ccscope's BPF programs provide if optional (or with
     --skip-unavailable); else one clear error."""
-    from ccscope.cc import providable
+    from ccscope.cc.provide import check_forced, providable
 
+    check_forced(scenario.all_algorithms)
     available = providable()
     missing = [a for a in scenario.all_algorithms if a not in available]
     required = [a for a in missing if a not in scenario.optional_algorithms]
