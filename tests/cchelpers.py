@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from prereqs import ROOT, require, require_root
+from prereqs import require, require_root
 
 AVAILABLE = Path("/proc/sys/net/ipv4/tcp_available_congestion_control")
 
@@ -42,13 +41,6 @@ def require_cc_objects() -> None:
     missing = [a for a in catalog.BPF_ALGORITHMS if not catalog.object_path(a).is_file()]
     require(not missing, f"BPF congestion controls not built ({', '.join(missing)}): run make bpf")
     require(structops.supported(), "kernel without struct_ops congestion controls")
-
-
-def cc_env(state_dir: Path, **extra: str) -> dict[str, str]:
-    """The environment of a ccscope process with its own state directory (registrations, locks)."""
-    env = dict(os.environ, CCSCOPE_STATE_DIR=str(state_dir), PYTHONPATH=str(ROOT / "daemon"))
-    env.update(extra)
-    return env
 
 
 def start_user(env: dict[str, str], *names: str) -> tuple[subprocess.Popen, str]:

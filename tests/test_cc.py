@@ -1,31 +1,36 @@
 """ccscope's BPF congestion controls on this kernel: registering, sharing, unregistering, cleanup after
-kill -9, and the one-line errors. Real struct_ops registrations; every test uses its own state directory
-and only bpf_* names (which nothing else on the host registers), and unregisters what it registered."""
+kill -9, and the one-line errors. Real struct_ops registrations in the real state directory (so that
+`ccscope cleanup` only ever touches dead runs); the tests use only bpf_* names, which nothing else on the
+host registers, and unregister what they registered, also when they fail."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import socket
 import subprocess
 from pathlib import Path
 
 import pytest
-from cchelpers import available, cc_env, require_cc_objects, start_user, stop_user, wait_for
+from cchelpers import available, require_cc_objects, start_user, stop_user, wait_for
 from ccscope.cc import registry
 
 TCP_CONGESTION = 13
 
 
+TEST_NAMES = ("bpf_westwood", "bpf_copa", "bpf_reno", "bpf_vegas")
+
+
 @pytest.fixture
-def env(tmp_path: Path, monkeypatch):
+def env():
     require_cc_objects()
-    environment = cc_env(tmp_path / "state")
-    yield environment
-    # Whatever a failed test left registered in its own state directory goes now. Only the registry:
-    # `ccscope cleanup --all` would tear down every live run's namespaces on this shared host.
-    monkeypatch.setenv("CCSCOPE_STATE_DIR", environment["CCSCOPE_STATE_DIR"])
-    registry.cleanup(include_live=True)
+    assert not set(TEST_NAMES) & available(), "a test registration is already there (a test running twice?)"
+    yield dict(os.environ)
+    # What a failed test left registered goes now (its processes are dead by then). Never `cleanup --all`:
+    # that would tear down the live runs of everyone else on this machine.
+    for name in TEST_NAMES:
+        registry.unhold(name)
 
 
 def _cc(ccscope_cmd, env, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -114,7 +119,7 @@ def _one_line(res: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
-def test_bad_input_gives_one_line(ccscope_cmd, env, tmp_path):
+def test_bad_input_gives_one_line(ccscope_cmd, env: dict, tmp_path: Path):
     res = _cc(ccscope_cmd, env, "cc", "load", "hybla")
     assert res.returncode == 2
     assert "hybla: ccscope has no BPF implementation of it" in _one_line(res)
