@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import copy
 import csv
 import html
 from pathlib import Path
@@ -12,16 +13,40 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-COLORS = {"reno": "#1f77b4", "cubic": "#d62728", "bbr": "#2ca02c", "vegas": "#9467bd", "westwood": "#8c564b"}
+COLORS = {"reno": "#1f77b4", "cubic": "#d62728", "bbr": "#2ca02c", "vegas": "#9467bd", "westwood": "#8c564b",
+          "copa": "#ff7f0e"}
 MARKERS = ("o", "s", "^", "D", "v", "P", "X")
 EXTRA = ("#ff7f0e", "#17becf", "#e377c2", "#7f7f7f", "#bcbd22")
 
 
 def color(alg: str) -> str:
     if alg not in COLORS:
-        COLORS[alg] = EXTRA[len([a for a in COLORS if a not in ("reno", "cubic", "bbr", "vegas", "westwood")])
+        COLORS[alg] = EXTRA[len([a for a in COLORS if a not in ("reno", "cubic", "bbr", "vegas", "westwood", "copa")])
                             % len(EXTRA)]
     return COLORS[alg]
+
+
+def with_display_names(doc: dict) -> dict:
+    """A copy of `doc` whose algorithm names say which implementation ran: `vegas (BPF)` where ccscope's
+    BPF program did (results.json's `implementations`); kernel ones stay plain."""
+    names = {name: impl.get("display", name) for name, impl in doc.get("implementations", {}).items()}
+    if all(name == shown for name, shown in names.items()):
+        return doc
+
+    def one(name: str) -> str:
+        return names.get(name, name)
+
+    def mix(label: str) -> str:
+        return "+".join(one(name) for name in label.split("+"))
+
+    doc = copy.deepcopy(doc)
+    for row in doc["summary"]:
+        row["algorithm"], row["algorithms"] = one(row["algorithm"]), mix(row["algorithms"])
+    for run in doc["runs"]:
+        run["algorithms"] = mix(run["algorithms"])
+        for item in run["flows"] + run["downloads"]:
+            item["algorithm"] = one(item["algorithm"])
+    return doc
 
 
 def _read_csv(path: Path) -> list[dict]:
@@ -269,6 +294,7 @@ COLUMNS = (("profile", lambda r: r["profile"]),
 
 
 def summary_table(doc: dict) -> str:
+    doc = with_display_names(doc)
     rows = doc["summary"]
     used = [c for c in COLUMNS if any(c[1](r) != "-" for r in rows) or c[0] in ("profile", "algorithm")]
     cells = [[c[0] for c in used]] + [[c[1](r) for c in used] for r in rows]
@@ -295,6 +321,7 @@ def _table(header: list[str], rows: list[list[str]], numeric_from: int = 2) -> s
 
 
 def render(directory: Path, doc: dict) -> Path:
+    doc = with_display_names(doc)
     plots = [p for p in (
         plot_timeseries(directory, doc, "cwnd_segments", "cwnd (segments)", "cwnd.png", "congestion window"),
         plot_timeseries(directory, doc, "throughput_mbps", "throughput (Mbit/s, 200 ms window)", "throughput.png",
