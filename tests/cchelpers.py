@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import json
 import subprocess
 import sys
 import time
@@ -58,3 +60,37 @@ def stop_user(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         proc.stdin.close()
         proc.wait(timeout=20)
+
+
+# --- scenarios and their per-flow series ------------------------------------------------------------
+
+def run_scenario(ccscope_cmd: list[str], directory: Path, text: str, timeout: float = 600) -> tuple[Path, dict]:
+    """`ccscope scenario run` of the YAML `text`, as a user runs it; returns the results dir and document."""
+    spec = directory / "scenario.yaml"
+    spec.write_text(text)
+    out = directory / "out"
+    res = subprocess.run([*ccscope_cmd, "scenario", "run", str(spec), "--out", str(out), "--listen", "off"],
+                         capture_output=True, text=True, timeout=timeout)
+    assert res.returncode == 0, res.stderr[-3000:]
+    doc = json.loads((out / "results.json").read_text())
+    assert not doc["errors"], doc["errors"]
+    return out, doc
+
+
+def flow_rows(out: Path, flow: dict, warmup: bool = True) -> list[dict[str, float]]:
+    """The flow's telemetry samples (its CSV) inside its measurement window (after the warmup), or all
+    of them with warmup=False."""
+    start, end = flow["window_s"] if warmup else (float("-inf"), float("inf"))
+    with (out / flow["csv"]).open() as fh:
+        rows = [{k: float(v) for k, v in row.items() if k not in ("cc", "event", "ca_state") and v != ""}
+                for row in csv.DictReader(fh)]
+    return [r for r in rows if start <= r["time_s"] <= end]
+
+
+def queueing_delays_ms(rows: list[dict[str, float]]) -> list[float]:
+    """srtt - min_rtt per sample: the delay the flow's own queue adds."""
+    return [r["srtt_ms"] - r["min_rtt_ms"] for r in rows if "min_rtt_ms" in r]
+
+
+def flows_by_algorithm(doc: dict, algorithm: str) -> list[dict]:
+    return [f for run in doc["runs"] for f in run["flows"] if f["algorithm"] == algorithm]
