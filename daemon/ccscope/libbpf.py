@@ -46,6 +46,7 @@ def _signatures(lib: ctypes.CDLL) -> None:
         "bpf_link__disconnect": ([p], None),
         "bpf_map__attach_struct_ops": ([p], p),
         "bpf_map_get_fd_by_id": ([u32], i),
+        "bpf_enable_stats": ([i], i),
         "bpf_obj_get_info_by_fd": ([i, p, ctypes.POINTER(u32)], i),
         "bpf_map__set_max_entries": ([p, u32], i),
         "bpf_map__fd": ([p], i),
