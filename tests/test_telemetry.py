@@ -10,15 +10,13 @@ import socket
 import statistics
 import struct
 import subprocess
-import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from nethelpers import Link, Sink, connect, free_port, parse_metrics, tcp_info, wait_port
+from ccscope import bpf_types as bt
+from nethelpers import CCSCOPE, Daemon, Link, Sink, connect, daemon, held_prog_ids, parse_metrics, tcp_info, wait_port
 from prereqs import require_bpf_object, require_root, require_tools
 
 SO_COOKIE = 57
@@ -64,46 +62,7 @@ def cookie_of(sock: socket.socket) -> int:
 
 
 def cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "ccscope.cli", *args]
-
-
-class Daemon:
-    """A real `ccscope daemon` subprocess, scraped over HTTP like Prometheus would."""
-
-    def __init__(self, *args: str) -> None:
-        self.port = free_port()
-        self.proc = subprocess.Popen(cli("daemon", "--listen", f"127.0.0.1:{self.port}", *args),
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        line = self.proc.stderr.readline()  # "serving ..." once attached, or the one-line error
-        if "serving" not in line:
-            self.stop()
-            raise AssertionError(f"daemon did not start: {line}{self.proc.stderr.read()}")
-
-    def scrape_text(self) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as resp:
-            return resp.read().decode()
-
-    def scrape(self) -> list[tuple[str, dict[str, str], float]]:
-        return parse_metrics(self.scrape_text())
-
-    def stop(self, sig: int = signal.SIGTERM) -> tuple[int, str]:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        return self.proc.returncode, self.proc.stderr.read()
-
-
-@contextlib.contextmanager
-def daemon(*args: str) -> Iterator[Daemon]:
-    running = Daemon(*args)
-    try:
-        yield running
-    finally:
-        running.stop()
+    return [*CCSCOPE, *args]
 
 
 def values(samples, name: str, **labels: str) -> list[float]:
@@ -200,6 +159,7 @@ def test_close_record_retransmits_exact(link: Link, probe, cc: str) -> None:
     link.shape(rate="30mbit", burst="16kb", limit="24kb")
     sink = Sink(socket.AF_INET, link.addr_b, port, link.b)
     sock = connect(socket.AF_INET, link.addr_b, port, link.a, cc)
+    closed_before = probe.counters()[bt.Counter.FLOWS_CLOSED]
     try:
         cookie = cookie_of(sock)
         sock.sendall(b"x" * (4 << 20))  # ~1.1 s at 30 Mbit/s
@@ -216,6 +176,7 @@ def test_close_record_retransmits_exact(link: Link, probe, cc: str) -> None:
         assert flow.retransmits == info["total_retrans"]
         assert flow.bytes_acked == (4 << 20) + 2  # SYN and FIN each take one sequence number
         assert flow.cc == cc and flow.state == "close"
+        assert probe.counters()[bt.Counter.FLOWS_CLOSED] >= closed_before + 1  # other flows on the host may close too
     finally:
         sink.close()
 
@@ -450,25 +411,16 @@ def test_metrics_pass_promtool(link: Link) -> None:
     samples = parse_metrics(text)
     # the per-flow families, host aggregates and health metrics are all there
     for name in ("ccscope_flow_cwnd_segments", "ccscope_tcp_srtt_seconds_bucket", "ccscope_tracked_flows",
-                 "ccscope_bpf_probe_events_total", "ccscope_tcp_flows_started_total", "ccscope_build_info"):
+                 "ccscope_bpf_probe_events_total", "ccscope_tcp_flows_started_total", "ccscope_build_info",
+                 "ccscope_bpf_flows_closed_total", "ccscope_bpf_flow_insert_failures_total"):
         assert values(samples, name), name
-
-
-def _bpf_prog_ids(pid: int) -> set[int]:
-    ids = set()
-    for fd in Path(f"/proc/{pid}/fdinfo").iterdir():
-        with contextlib.suppress(OSError):
-            for line in fd.read_text().splitlines():
-                if line.startswith("prog_id:"):
-                    ids.add(int(line.split()[1]))
-    return ids
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_signal_detaches_programs(sig: int) -> None:
     running = Daemon()
     try:
-        ids = _bpf_prog_ids(running.proc.pid)
+        ids = held_prog_ids(running.proc.pid)
         progs = json.loads(subprocess.check_output(["bpftool", "prog", "show", "-j"]))
         loaded = {p["id"]: p.get("name") for p in progs}
         assert {loaded.get(i) for i in ids} >= {"tcp_probe", "tcp_retransmit_skb"}

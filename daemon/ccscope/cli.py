@@ -16,14 +16,14 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from . import __version__, check
+from .bpf_types import EVENT_NAMES, Counter
 from .errors import CcscopeError, UsageError
 from .exporter import FlowCollector
 from .flows import FlowFilter, FlowRecord, FlowSelection, FlowTable, decode, monotonic_ns
 from .loader import ProbeOptions, TelemetryProbe
 from .server import MetricsServer, load_basic_auth
-from .units import parse_duration, parse_listen
+from .units import DEFAULT_LISTEN, parse_duration, parse_listen
 
-DEFAULT_LISTEN = "127.0.0.1:9977"
 SORT_KEYS: dict[str, Callable[[FlowRecord], float]] = {
     "bytes": lambda f: f.bytes_total,
     "cwnd": lambda f: f.cwnd_segments,
@@ -66,7 +66,7 @@ def _filter(args: argparse.Namespace) -> FlowFilter:
 
 
 def _probe_options(args: argparse.Namespace, emit_samples: bool) -> ProbeOptions:
-    interval = parse_duration("--sample-interval", args.sample_interval, 0.0001, 10.0)
+    interval = parse_duration(args.sample_interval, "--sample-interval", 0.0001, 10.0)
     if not 64 <= args.max_flows <= 4_000_000:
         raise UsageError(f"--max-flows {args.max_flows} is out of range 64..4000000")
     return ProbeOptions(max_flows=args.max_flows, sample_interval_ns=int(interval * 1e9),
@@ -87,7 +87,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     host, port = parse_listen(args.listen)
     selection = FlowSelection.parse(args.flows)
     flow_filter = _filter(args)
-    grace = parse_duration("--grace", args.grace, 0.0, 3600.0)
+    grace = parse_duration(args.grace, "--grace", 0.0, 3600.0)
     if bool(args.tls_cert) != bool(args.tls_key):
         raise UsageError("--tls-cert and --tls-key go together")
     tls = (Path(args.tls_cert), Path(args.tls_key)) if args.tls_cert else None
@@ -155,7 +155,7 @@ def format_flows(flows: list[FlowRecord]) -> str:
 
 
 def cmd_flows(args: argparse.Namespace) -> int:
-    interval = parse_duration("--interval", args.interval, 0.1, 3600.0)
+    interval = parse_duration(args.interval, "--interval", 0.1, 3600.0)
     flow_filter = _filter(args)
     stop = _stop_event()
     live = sys.stdout.isatty() and not args.once
@@ -186,7 +186,7 @@ def _trace_line(flow: FlowRecord, wall_offset: float, as_json: bool) -> str:
     if as_json:
         data = flow.as_dict()
         data["time"] = round(wall, 6)
-        data["event"] = {1: "probe", 2: "retransmit", 3: "close"}.get(flow.event, str(flow.event))
+        data["event"] = EVENT_NAMES.get(flow.event, str(flow.event))
         return json.dumps(data)
     return (f"{time.strftime('%H:%M:%S', time.localtime(wall))}.{int(wall % 1 * 1e3):03d} {flow.name} "
             f"{flow.cc} cwnd={flow.cwnd_segments} srtt={flow.srtt_s * 1e3:.2f}ms "
@@ -194,7 +194,7 @@ def _trace_line(flow: FlowRecord, wall_offset: float, as_json: bool) -> str:
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
-    duration = parse_duration("--duration", args.duration, 0.0, 30 * 86400) if args.duration else None
+    duration = parse_duration(args.duration, "--duration", 0.0, 30 * 86400) if args.duration else None
     if args.count is not None and args.count < 1:
         raise UsageError("--count must be at least 1")
     flow_filter = _filter(args)
@@ -226,8 +226,6 @@ def cmd_trace(args: argparse.Namespace) -> int:
         finally:
             ring.close()
             lost = probe.counters()
-    from .bpf_types import Counter
-
     if lost[Counter.SAMPLES_LOST]:
         print(f"ccscope: {lost[Counter.SAMPLES_LOST]} samples lost (ring buffer full)", file=sys.stderr)
     _quiet_stdout_close()

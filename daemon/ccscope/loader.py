@@ -23,6 +23,7 @@ TRACEPOINTS = {
 DEFAULT_BTF = "/sys/kernel/btf/vmlinux"
 CAP_SYS_ADMIN, CAP_PERFMON, CAP_BPF = 21, 38, 39
 BATCH = 1024
+REBUILD = "rebuild the BPF object with this ccscope: make bpf"
 
 
 def btf_path() -> str:
@@ -128,43 +129,50 @@ class TelemetryProbe:
         if btf_path() != DEFAULT_BTF:
             opts.btf_custom_path = btf_path().encode()
         path = str(object_path()).encode()
-        self._obj = lib.bpf_object__open_file(path, ctypes.byref(opts))
-        if not self._obj:
-            raise BpfError(f"cannot open BPF object {object_path()}: {self._libbpf_reason()}")
+        self._obj = self.libbpf.check_ptr(lib.bpf_object__open_file(path, ctypes.byref(opts)),
+                                          f"cannot open BPF object {object_path()}")
+        self._check_map_layouts()
         self._size_maps()
+        self.libbpf.log.clear()  # what open logged is not why a later call fails
         if lib.bpf_object__load(self._obj) != 0:
-            raise BpfError(f"kernel rejected the BPF programs: {self._libbpf_reason()}",
-                           "run `ccscope check` to see what this kernel lacks")
+            raise self.libbpf.error("kernel rejected the BPF programs",
+                                    fix="run `ccscope check` to see what this kernel lacks")
         for name in ("flows", "samples", "cc_stats", "hists", "counters", "config"):
             self._maps[name] = lib.bpf_map__fd(lib.bpf_object__find_map_by_name(self._obj, name.encode()))
         self.set_config(self.options.sample_interval_ns, self.options.emit_samples)
         for name in PROGRAMS:
             self._attach(name)
+        self.libbpf.log.clear()
+
+    def _check_map_layouts(self) -> None:
+        """Refuse an object whose maps' key or value sizes differ from bpf_types' mirrors."""
+        lib = self.libbpf.lib
+        for name, (key_type, value_type) in bt.MAP_LAYOUTS.items():
+            bpf_map = lib.bpf_object__find_map_by_name(self._obj, name.encode())
+            if not bpf_map:
+                raise BpfError(f"BPF object {object_path()} has no map {name}", REBUILD)
+            found = (lib.bpf_map__key_size(bpf_map), lib.bpf_map__value_size(bpf_map))
+            expected = (ctypes.sizeof(key_type), ctypes.sizeof(value_type))
+            if found != expected:
+                raise BpfError(f"map {name} in {object_path()} has {found[0]}-byte keys and {found[1]}-byte values, "
+                               f"this ccscope reads {expected[0]} and {expected[1]}", REBUILD)
 
     def _size_maps(self) -> None:
         lib = self.libbpf.lib
         sizes = {"flows": self.options.max_flows, "samples": _ringbuf_size(self.options.ringbuf_bytes)}
         for name, size in sizes.items():
             bpf_map = lib.bpf_object__find_map_by_name(self._obj, name.encode())
-            if not bpf_map or lib.bpf_map__set_max_entries(bpf_map, size) != 0:
-                raise BpfError(f"cannot size map {name} to {size}: {self._libbpf_reason()}")
+            ret = lib.bpf_map__set_max_entries(bpf_map, size) if bpf_map else -errno.ENOENT
+            self.libbpf.check_int(ret, f"cannot size map {name} to {size}")
 
     def _attach(self, name: str) -> None:
         lib = self.libbpf.lib
         prog = lib.bpf_object__find_program_by_name(self._obj, name.encode())
         link = lib.bpf_program__attach(prog) if prog else None
         if not link:
-            raise PrerequisiteError(
-                f"cannot attach to tracepoint {TRACEPOINTS[name]}: {self._libbpf_reason()}",
-                "needs Linux >= 5.8 with BTF; run `ccscope check`",
-            )
+            raise self.libbpf.error(f"cannot attach to tracepoint {TRACEPOINTS[name]}",
+                                    fix="needs Linux >= 5.8 with BTF; run `ccscope check`", kind=PrerequisiteError)
         self._links.append(link)
-
-    def _libbpf_reason(self) -> str:
-        err = ctypes.get_errno()
-        log = self.libbpf.last_log() if self.libbpf else ""
-        reason = log.removeprefix("libbpf: ") if log else os.strerror(err or errno.EINVAL)
-        return reason.rstrip(".")
 
     def close(self) -> None:
         if self.libbpf is None:
@@ -260,9 +268,7 @@ class TelemetryProbe:
         return items
 
     def _check(self, ret: int, what: str) -> None:
-        if ret < 0:
-            err = ctypes.get_errno() or -ret
-            raise BpfError(f"{what}: {os.strerror(err)}")
+        self.libbpf.check_int(ret, what)
 
 
 def _cstr(raw: bytes) -> str:
