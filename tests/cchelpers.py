@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -94,3 +95,32 @@ def queueing_delays_ms(rows: list[dict[str, float]]) -> list[float]:
 
 def flows_by_algorithm(doc: dict, algorithm: str) -> list[dict]:
     return [f for run in doc["runs"] for f in run["flows"] if f["algorithm"] == algorithm]
+
+
+# --- algorithm signatures ---------------------------------------------------------------------------
+
+MSS = 1448  # bytes of payload per segment on these paths (1500-byte MTU, timestamps on)
+
+
+def queued_packets(rows: list[dict[str, float]], rate_bps: float) -> float:
+    """Median packets a flow keeps in the bottleneck queue: its queueing delay x the link rate / MSS."""
+    return statistics.median(queueing_delays_ms(rows)) / 1e3 * rate_bps / (MSS * 8)
+
+
+def post_recovery_ratios(out: Path, flow: dict) -> list[float]:
+    """For each fast recovery of the flow: cwnd right after it ends, divided by the bandwidth estimate x
+    RTTmin / MSS just before it started (the kernel's delivery rate and min_rtt of the last sample in
+    Open). Westwood+ sets cwnd to BWE x RTTmin there (~1); Reno halves it (~0.5 when the pipe is not full)."""
+    with (out / flow["csv"]).open() as fh:
+        rows = list(csv.DictReader(fh))
+    ratios = []
+    for i in range(1, len(rows)):
+        if rows[i - 1]["ca_state"] == "recovery" and rows[i]["ca_state"] == "open":
+            start = i - 1
+            while start > 0 and rows[start]["ca_state"] != "open":
+                start -= 1
+            before = rows[start]
+            pipe = float(before["delivery_rate_mbps"]) * 1e6 * float(before["min_rtt_ms"]) / 1e3 / (MSS * 8)
+            if pipe >= 2:
+                ratios.append(float(rows[i]["cwnd_segments"]) / pipe)
+    return ratios
