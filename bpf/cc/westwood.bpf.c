@@ -13,7 +13,8 @@
  *       cumulative ACK that covers it.
  *   RTTmin: minimum RTT, restarted from the next sample after each RTO.
  *   After a loss: ssthresh = BWE x RTTmin / MSS (at least 2) on an RTO; at the
- *       end of fast recovery cwnd = BWE x RTTmin / MSS. Otherwise Reno (kfuncs).
+ *       end of fast recovery ssthresh = cwnd = BWE x RTTmin / MSS. Otherwise
+ *       Reno (kfuncs).
  *   Time in jiffies (bpf_jiffies64) and RTT converted with the kernel's HZ
  *       (CONFIG_HZ from the kernel config), so BWE has the module's units
  *       (bytes per jiffy) and rounding.
@@ -179,7 +180,8 @@ void BPF_PROG(westwood_cwnd_event, struct sock *sk, int event)
 	struct westwood *w = inet_csk_ca(sk);
 
 	if (event == CA_EVENT_COMPLETE_CWR) {
-		tp->snd_cwnd = westwood_bw_rttmin(sk);
+		tp->snd_ssthresh = westwood_bw_rttmin(sk);
+		tp->snd_cwnd = tp->snd_ssthresh;	/* and go on in congestion avoidance */
 	} else if (event == CA_EVENT_LOSS) {
 		tp->snd_ssthresh = westwood_bw_rttmin(sk);
 		w->reset_rtt_min = 1;
