@@ -80,17 +80,19 @@ def one_flow(name: str, progs: dict[int, str], seconds: float) -> dict:
     profile = PathProfile.from_dict("bench", {"rate": "50mbit", "delay": "5ms"}, "bench")
     with Testbed(profile) as tb:
         tb.set_algorithm(name)
-        # Only the sender runs the algorithm: the receiver's tcp_ack() on every data segment would call
-        # it too (in_ack_event, cong_avoid checks) and muddle "per ACK".
+        # Only the sender runs the algorithm (its namespace default; no iperf3 -C, which the server would
+        # copy): the receiver's tcp_ack() on every data segment would call it too and muddle "per ACK".
         tb.run(tb.receiver_ns, ["sysctl", "-q", "-w", "net.ipv4.tcp_congestion_control=reno"], timeout=10)
         port = "5302"
         tb.popen(tb.receiver_ns, ["iperf3", "-s", "-1", "-p", port], stdout=subprocess.DEVNULL)
         time.sleep(0.3)
         before, acks_before = prog_stats(progs), in_segs(tb)
-        out = tb.run(tb.sender_ns, ["iperf3", "-c", tb.receiver_addr, "-p", port, "-J", "-t", str(seconds),
-                                    "-C", name], timeout=seconds + 30).stdout
+        out = tb.run(tb.sender_ns, ["iperf3", "-c", tb.receiver_addr, "-p", port, "-J", "-t", str(seconds)],
+                     timeout=seconds + 30).stdout
         after, acks = prog_stats(progs), in_segs(tb) - acks_before
     end = json.loads(out)["end"]
+    if end.get("sender_tcp_congestion") != name:
+        raise SystemExit(f"the flow ran {end.get('sender_tcp_congestion')}, not {name}")
     calls = {p: (after[p][0] - before[p][0], after[p][1] - before[p][1]) for p in after}
     return {"acks": acks, "calls": calls, "goodput_bps": end["sum_received"]["bits_per_second"]}
 
