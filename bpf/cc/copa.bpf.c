@@ -51,6 +51,8 @@ struct copa {
 	__u32 dir_cwnd;			/* cwnd at the start of the velocity RTT */
 	__u32 dir_stamp;		/* its time (us) */
 	__u32 prior_delivered;		/* tp->delivered at the previous ACK */
+	__u32 paced_cwnd;		/* the inputs of the pacing rate last set */
+	__u32 paced_rtt;
 	__u8 direction;
 	__u8 same_direction;		/* RTTs in a row moving in `direction` */
 	__u8 slow_start;
@@ -120,10 +122,16 @@ static __always_inline void copa_update_velocity(struct copa *c, __u32 cwnd, __u
 	c->dir_stamp = now;
 }
 
-static __always_inline void copa_set_pacing(struct sock *sk, __u32 cwnd, __u32 rtt_standing)
+/* Recomputed only when cwnd or RTTstanding moved: a 64-bit division per ACK is most of its cost. */
+static __always_inline void copa_set_pacing(struct sock *sk, struct copa *c, __u32 cwnd, __u32 rtt_standing)
 {
-	__u64 rate = (__u64)COPA_PACING_GAIN * cwnd * tcp_sk(sk)->mss_cache * USEC_PER_SEC;
+	__u64 rate;
 
+	if (cwnd == c->paced_cwnd && rtt_standing == c->paced_rtt)
+		return;
+	c->paced_cwnd = cwnd;
+	c->paced_rtt = rtt_standing;
+	rate = (__u64)COPA_PACING_GAIN * cwnd * tcp_sk(sk)->mss_cache * USEC_PER_SEC;
 	sk->sk_pacing_rate = rate / max(rtt_standing, 1U);
 }
 
@@ -167,7 +175,7 @@ void BPF_PROG(copa_cong_control, struct sock *sk)
 	}
 	cwnd = min(cwnd, tp->snd_cwnd_clamp);
 	tp->snd_cwnd = cwnd;
-	copa_set_pacing(sk, cwnd, rtt_standing);
+	copa_set_pacing(sk, c, cwnd, rtt_standing);
 }
 
 SEC("struct_ops/copa_set_state")
