@@ -71,6 +71,11 @@ def _foreign_live_runs() -> list[state.RunState]:
     return [r for r in state.all_states() if r.pid != os.getpid() and r.alive()]
 
 
+def foreign_live_namespaces() -> set[str]:
+    """Namespaces of other processes' live runs: never a test's leftovers."""
+    return {ns for r in _foreign_live_runs() for ns in r.namespaces}
+
+
 def _foreign_allowed() -> set[str]:
     return {a for r in _foreign_live_runs() for a in r.allowed_added}
 

@@ -327,3 +327,4 @@ def parse_metrics(text: str) -> list[tuple[str, dict[str, str], float]]:
         labels = dict(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"', match.group(2) or ""))
         samples.append((match.group(1), labels, float(match.group(3))))
     return samples
+

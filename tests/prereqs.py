@@ -39,3 +39,10 @@ def require_bpf_object() -> None:
     from ccscope.loader import object_path
 
     require(object_path().is_file(), f"BPF object not built ({object_path()}): run make bpf")
+
+
+def require_scenario() -> None:
+    """What a real `ccscope scenario` run needs."""
+    require_root()
+    require_tools("iperf3", "ping", "ip", "tc", "ethtool", "ss", "iptables")
+    require_bpf_object()

@@ -41,7 +41,7 @@ def test_load_reads_every_run_and_its_csvs() -> None:
 
 @pytest.mark.parametrize("damage, words", [
     (lambda doc: doc.pop("runs"), "does not match the results schema: $: missing runs"),
-    (lambda doc: doc.update(schema_version=99), "schema_version 99, this ccscope reads 1"),
+    (lambda doc: doc.update(schema_version=99), f"schema_version 99, this ccscope reads {results.SCHEMA_VERSION}"),
     (lambda doc: doc["runs"][0].update(netns="x"),
      "does not match the results schema: $.runs[0].netns: expected integer, got str"),
 ])

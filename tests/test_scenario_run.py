@@ -14,6 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from ccscope.emulation import state
 from ccscope.scenario import results
 from ccscope.scenario.recorder import CSV_HEADER
 from emulation_helpers import HostSnapshot
@@ -161,8 +162,9 @@ def test_sigkill_then_cleanup_leaves_nothing(ccscope_cmd, tmp_path, host):
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and proc.poll() is None:
-            if any(b"iperf3\x00-c" in _cmdline(pid) for pid in _pids()):
-                break  # traffic is flowing inside the namespaces
+            ours = [r for r in state.all_states() if r.pid == proc.pid]
+            if any(b"iperf3\x00-c" in _cmdline(pid) for r in ours for pid in state.namespace_pids(r.namespaces[0])):
+                break  # traffic is flowing inside its namespaces (other sessions' iperf3 do not count)
             time.sleep(0.2)
         assert proc.poll() is None, "the scenario ended before it could be killed"
         time.sleep(1.0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import ipaddress
 import itertools
 import json
@@ -14,6 +15,7 @@ from ccscope.cli import FLOW_COLUMNS, _bytes, _rate, _trace_line, format_flows
 from ccscope.errors import UsageError
 from ccscope.exporter import histogram_buckets
 from ccscope.flows import FlowFilter, FlowSelection, decode
+from ccscope.flowscan import FlowColumns
 from ccscope.units import parse_duration, parse_listen, parse_loss, parse_rate, parse_size
 
 
@@ -253,5 +255,47 @@ def test_trace_line_json_and_text() -> None:
     assert data["time"] == pytest.approx(1005.0)
     assert data["event"] == "close"
     assert data["srtt_s"] == pytest.approx(0.0125)
-    text = _trace_line(flow, 1000.0, as_json=False)
+    text = _trace_line(flow, 1000.0, as_json=False).decode()
     assert "192.0.2.1:40000->192.0.2.2:5201 cubic cwnd=20 srtt=12.50ms retrans=7 open CLOSED" in text
+
+
+def _columns(flows: list[bt.Flow]) -> FlowColumns:
+    return FlowColumns(b"".join(bytes(f) for f in flows), len(flows))
+
+
+def test_flow_columns_read_the_fields_of_every_record() -> None:
+    raws = [raw_flow(cookie=i, netns=10 + i % 3, sport=1000 + i, dport=80, bytes_acked=i * 7, closed_ns=i % 2,
+                     saddr="192.0.2.1", daddr="192.0.2.2", ca_name=b"cubic" if i % 2 else b"bbr") for i in range(9)]
+    # what the kernel leaves after a switch from cubic ("bbr\0ic"): another key, the same name
+    ctypes.memmove(ctypes.addressof(raws[4]) + bt.Flow.ca_name.offset, b"bbr\0ic", 6)
+    columns = _columns(raws)
+    assert len(columns) == 9
+    for name in ("cookie", "netns", "sport", "dport", "bytes_acked", "closed_ns", "ca_state", "srtt_us"):
+        assert columns.column(name) == [getattr(f, name) for f in raws], name
+    assert [columns.name(key) for key in columns.ca_names()] == [decode(f).cc for f in raws]
+    assert len(set(columns.ca_names())) == 3
+    assert [decode(columns.record(i)) for i in range(9)] == [decode(f) for f in raws]
+    assert bytes(columns.raw(5)) == bytes(raws[5])
+
+
+def test_flow_columns_select_and_pick_as_the_records_do() -> None:
+    raws = [raw_flow(cookie=i, netns=1 + i % 4, sport=2000 + i, dport=443 if i % 5 == 0 else 80,
+                     bytes_acked=(i * 7919) % 1000, bytes_received=i, saddr=f"192.0.2.{i + 1}", daddr="198.51.100.1")
+            for i in range(40)]
+    columns, flows = _columns(raws), [decode(f) for f in raws]
+    everything = list(range(len(raws)))
+    for kwargs in ({}, {"netns": ["2"]}, {"ports": ["443"]}, {"ports": ["2003"], "netns": ["4"]},
+                   {"cidrs": ["192.0.2.0/28"]}):
+        chosen = FlowFilter.parse(**kwargs)
+        assert [flows[i] for i in chosen.select(columns, everything)] == [f for f in flows if chosen.matches(f)]
+    for text in ("top:5", "top:100", "all", "none"):
+        selection = FlowSelection.parse(text)
+        assert [flows[i] for i in selection.pick_indexes(columns, everything)] == selection.pick(flows)
+        assert [flows[i] for i in selection.pick_indexes(columns, range(40))] == selection.pick(flows)
+    ties = [raw_flow(cookie=i, bytes_acked=i % 3, bytes_received=0) for i in range(30)]
+    columns, flows = _columns(ties), [decode(f) for f in ties]
+    for n in (1, 7, 10, 11, 29):
+        selection = FlowSelection.parse(f"top:{n}")
+        assert [flows[i] for i in selection.pick_indexes(columns, range(30))] == selection.pick(flows)
+        odd = list(range(1, 30, 2))
+        assert [flows[i] for i in selection.pick_indexes(columns, odd)] == selection.pick([flows[i] for i in odd])

@@ -121,6 +121,11 @@ def unpack_flow(data: bytes) -> FlowTuple:
     return FlowTuple._make(FLOW_STRUCT.unpack_from(data))
 
 
+def unpack_flows(records: list[bytes]) -> list[FlowTuple]:
+    """Many records in one call (every ring-buffer record is a struct flow)."""
+    return list(map(FlowTuple._make, FLOW_STRUCT.iter_unpack(b"".join(records))))
+
+
 # Map in ccscope.bpf.c -> ctypes mirrors of its key and value (per-CPU maps: one CPU's value). The loader
 # refuses an object whose sizes differ, as ebpf_exporter does: a stale ccscope.bpf.o next to a newer daemon
 # would otherwise be read as garbage.

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import orjson
 from prometheus_client import CollectorRegistry
 
 from . import __version__, check
@@ -105,7 +106,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
               f"(flows {args.flows}); Ctrl-C to stop", file=sys.stderr, flush=True)
         try:
             while not stop.wait(max(0.5, min(grace / 2, 5.0))):
-                table.snapshot()  # expires closed flows even when nobody scrapes
+                table.scan()  # expires closed flows even when nobody scrapes
         finally:
             server.close()
     print("ccscope: detached", file=sys.stderr)
@@ -181,16 +182,18 @@ def cmd_flows(args: argparse.Namespace) -> int:
 # --- trace -----------------------------------------------------------------------------------------
 
 
-def _trace_line(flow: FlowRecord, wall_offset: float, as_json: bool) -> str:
+def _trace_line(flow: FlowRecord, wall_offset: float, as_json: bool) -> bytes:
     wall = flow.last_ns / 1e9 + wall_offset
     if as_json:
         data = flow.as_dict()
         data["time"] = round(wall, 6)
         data["event"] = EVENT_NAMES.get(flow.event, str(flow.event))
-        return json.dumps(data)
+        # orjson: ~1 us where json.dumps took ~8 of the ~20 us a sample cost (orjson on the dataclass itself,
+        # without as_dict(), measured slower: 1.7 us, and the extra keys still to add)
+        return orjson.dumps(data)
     return (f"{time.strftime('%H:%M:%S', time.localtime(wall))}.{int(wall % 1 * 1e3):03d} {flow.name} "
             f"{flow.cc} cwnd={flow.cwnd_segments} srtt={flow.srtt_s * 1e3:.2f}ms "
-            f"retrans={flow.retransmits} {flow.ca_state}{' CLOSED' if flow.closed_ns else ''}")
+            f"retrans={flow.retransmits} {flow.ca_state}{' CLOSED' if flow.closed_ns else ''}").encode()
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
@@ -201,22 +204,27 @@ def cmd_trace(args: argparse.Namespace) -> int:
     stop = _stop_event()
     wall_offset = time.time() - monotonic_ns() / 1e9
     emitted = 0
-    pending: list[str] = []  # written once per poll: one write per batch, not per sample
+    pending: list[bytes] = []  # written once per poll: one write per batch, not per sample
 
-    def on_sample(raw) -> None:
+    def on_samples(raws: list) -> None:
         nonlocal emitted
-        flow = decode(raw)
-        if not flow_filter.matches(flow) or stop.is_set():
-            return
-        pending.append(_trace_line(flow, wall_offset, args.json))
-        emitted += 1
-        if args.count is not None and emitted >= args.count:
-            stop.set()
+        for raw in raws:
+            if stop.is_set():
+                return
+            if not flow_filter.matches_ids(raw):  # netns and ports, before paying for a decode
+                continue
+            flow = decode(raw)
+            if flow_filter.cidrs and not flow_filter.matches(flow):
+                continue
+            pending.append(_trace_line(flow, wall_offset, args.json))
+            emitted += 1
+            if args.count is not None and emitted >= args.count:
+                stop.set()
 
     deadline = time.monotonic() + duration if duration else None
     gc.freeze()  # per-sample objects die by refcount; spare the collector walking everything imported at start
     with TelemetryProbe(_probe_options(args, emit_samples=True)) as probe:
-        ring = probe.ring_buffer(on_sample)
+        ring = probe.ring_buffer(on_samples)
         try:
             while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
                 ring.poll(100)
@@ -232,11 +240,11 @@ def cmd_trace(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write_lines(lines: list[str]) -> bool:
+def _write_lines(lines: list[bytes]) -> bool:
     """Write every byte, also across partial writes a signal causes on a full pipe; False once the reader is
     gone (`ccscope trace | head`)."""
     sys.stdout.flush()
-    view = memoryview(("\n".join(lines) + "\n").encode())
+    view = memoryview(b"\n".join(lines) + b"\n")
     while view:
         try:
             view = view[os.write(sys.stdout.fileno(), view):]

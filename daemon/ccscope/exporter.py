@@ -7,6 +7,8 @@ computed in the kernel, so cardinality stays bounded whatever the host does.
 
 from __future__ import annotations
 
+import itertools
+import operator
 import platform
 import threading
 import time
@@ -23,7 +25,8 @@ from prometheus_client.registry import Collector
 
 from . import __version__
 from . import bpf_types as bt
-from .flows import CA_STATES, FlowFilter, FlowRecord, FlowSelection, FlowTable
+from .flows import CA_STATES, FlowFilter, FlowRecord, FlowSelection, FlowTable, decode
+from .flowscan import FlowColumns
 
 FLOW_LABELS = ("netns", "flow", "src", "sport", "dst", "dport", "cc", "scenario", "profile", "algorithm", "run")
 SCENARIO_LABELS = ("scenario", "profile", "algorithm", "run")
@@ -98,11 +101,12 @@ class FlowCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         started = time.perf_counter()
-        flows = self.table.snapshot()
-        selected = self.selection.pick([f for f in flows if self.filter.matches(f)])
+        columns, shown = self.table.scan()
+        chosen = self.selection.pick_indexes(columns, self.filter.select(columns, shown))
+        selected = [decode(columns.record(i)) for i in chosen]
         self.exported_flows = len(selected)
         yield from self._flow_metrics(selected)
-        yield from self._host_metrics(flows)
+        yield from self._host_metrics(columns)
         yield from self._health_metrics()
         self.last_scrape_s = time.perf_counter() - started
         yield from self._scrape_metric()
@@ -123,8 +127,11 @@ class FlowCollector(Collector):
                     family.add_metric(values, value)
             yield family
 
-    def _host_metrics(self, flows: list[FlowRecord]) -> Iterator[Metric]:
-        open_by_cc = Tally(f.cc for f in flows if not f.closed_ns)
+    def _host_metrics(self, columns: FlowColumns) -> Iterator[Metric]:
+        open_by_cc: Tally[str] = Tally()
+        is_open = map(operator.not_, columns.column("closed_ns"))
+        for key, count in Tally(itertools.compress(columns.ca_names(), is_open)).items():  # C calls only
+            open_by_cc[columns.name(key)] += count  # one algorithm may leave different bytes after its NUL
         stats = self.table.probe.cc_stats()
         current = GaugeMetricFamily("ccscope_tcp_flows", "Tracked open TCP flows by congestion algorithm.",
                                     labels=("cc",))

@@ -145,35 +145,34 @@ class Libbpf:
 
 
 class RingBuffer:
-    """Consumes a BPF ring buffer, calling `handler(bytes)` for each record."""
+    """Consumes a BPF ring buffer, calling `handler(records)` once per poll with the records it drained.
 
-    def __init__(self, libbpf: Libbpf, map_fd: int, handler: Callable[[bytes], None]) -> None:
+    libbpf calls back per record; the callback only copies the record out, so the per-record Python work
+    (decoding, filtering, encoding) runs in one loop over the batch, not in a C-to-Python call each."""
+
+    def __init__(self, libbpf: Libbpf, map_fd: int, handler: Callable[[list[bytes]], None]) -> None:
         self._libbpf = libbpf
         self._handler = handler
+        self._records: list[bytes] = []
         self._cb = RingBufferCallback(self._on_record)
         self._rb = libbpf.check_ptr(
             libbpf.lib.ring_buffer__new(map_fd, self._cb, None, None), "ring_buffer__new"
         )
-        self.error: BaseException | None = None
 
     def _on_record(self, _ctx: int, data: int, size: int) -> int:
-        try:
-            self._handler(ctypes.string_at(data, size))
-        except BaseException as exc:
-            self.error = exc
-            return -1
+        self._records.append(ctypes.string_at(data, size))
         return 0
 
     def poll(self, timeout_ms: int) -> int:
         """Wait up to timeout_ms, then drain the buffer. The BPF side does not wake us per sample (only when
         the buffer fills up), so the drain after the wait is what delivers most records."""
         ret = self._libbpf.lib.ring_buffer__poll(self._rb, timeout_ms)
-        if ret >= 0 and self.error is None:
+        if ret >= 0:
             consumed = self._libbpf.lib.ring_buffer__consume(self._rb)
             ret = ret + consumed if consumed > 0 else ret
-        if self.error is not None:
-            error, self.error = self.error, None
-            raise error
+        if self._records:
+            records, self._records = self._records, []
+            self._handler(records)
         if ret < 0 and ret != -errno.EINTR:
             self._libbpf.check_int(ret, "ring_buffer__poll")
         return max(ret, 0)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from . import bpf_types as bt
 from .errors import BpfError, PrerequisiteError
+from .flowscan import RECORD_BYTES, FlowColumns
 from .libbpf import Libbpf, RingBuffer
 
 PROGRAMS = ("tcp_probe", "tcp_retransmit_skb", "inet_sock_set_state")
@@ -22,7 +23,7 @@ TRACEPOINTS = {
 }
 DEFAULT_BTF = "/sys/kernel/btf/vmlinux"
 CAP_SYS_ADMIN, CAP_PERFMON, CAP_BPF = 21, 38, 39
-BATCH = 1024
+BATCH = 4096  # flows per bpf_map_lookup_batch call: 768 KiB of records
 REBUILD = "rebuild the BPF object with this ccscope: make bpf"
 
 
@@ -108,6 +109,7 @@ class TelemetryProbe:
         self._links: list[int] = []
         self._maps: dict[str, int] = {}
         self._ncpus = 1
+        self._batch: tuple | None = None  # key and value buffers of read_flow_columns, kept between scrapes
 
     def __enter__(self) -> TelemetryProbe:
         try:
@@ -197,12 +199,18 @@ class TelemetryProbe:
     # --- map readers -------------------------------------------------------------
 
     def read_flows(self) -> list[bt.Flow]:
-        """All tracked flows, read in batches (one syscall per BATCH flows)."""
+        """All tracked flows as ctypes records (the scrape path reads columns: read_flow_columns)."""
+        columns = self.read_flow_columns()
+        return [columns.raw(i) for i in range(len(columns))]
+
+    def read_flow_columns(self) -> FlowColumns:
+        """All tracked flows in one buffer, read in batches (one syscall per BATCH flows)."""
         lib, fd = self.libbpf.lib, self._maps["flows"]
-        keys = (ctypes.c_uint64 * BATCH)()
-        values = (bt.Flow * BATCH)()
+        if self._batch is None:
+            self._batch = ((ctypes.c_uint64 * BATCH)(), (bt.Flow * BATCH)())
+        keys, values = self._batch
         in_batch, out_batch = ctypes.c_uint64(0), ctypes.c_uint64(0)
-        flows: list[bt.Flow] = []
+        data = bytearray()
         first = True
         while True:
             count = ctypes.c_uint32(BATCH)
@@ -210,10 +218,10 @@ class TelemetryProbe:
                 fd, None if first else ctypes.byref(in_batch), ctypes.byref(out_batch),
                 keys, values, ctypes.byref(count), None)
             err = ctypes.get_errno() if ret < 0 else 0
-            flows.extend(bt.Flow.from_buffer_copy(values[i]) for i in range(count.value))
+            data += memoryview(values).cast("B")[: count.value * RECORD_BYTES]
             if ret < 0:
                 if err == errno.ENOENT or -ret == errno.ENOENT:
-                    return flows
+                    return FlowColumns(data, len(data) // RECORD_BYTES)
                 self._check(ret, "read flows")
             in_batch.value, first = out_batch.value, False
 
@@ -243,9 +251,9 @@ class TelemetryProbe:
             totals[counter] = sum(values)
         return totals
 
-    def ring_buffer(self, handler: Callable[[bt.FlowTuple], None]) -> RingBuffer:
-        """Samples reach `handler` as bt.FlowTuple (fields named as in struct flow)."""
-        return RingBuffer(self.libbpf, self._maps["samples"], lambda data: handler(bt.unpack_flow(data)))
+    def ring_buffer(self, handler: Callable[[list[bt.FlowTuple]], None]) -> RingBuffer:
+        """Samples reach `handler` once per poll, as a list of bt.FlowTuple (fields named as in struct flow)."""
+        return RingBuffer(self.libbpf, self._maps["samples"], lambda records: handler(bt.unpack_flows(records)))
 
     def program_fds(self) -> dict[str, int]:
         lib = self.libbpf.lib

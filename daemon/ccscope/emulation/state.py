@@ -181,6 +181,51 @@ def _owner_alive(ns: str, states: dict[str, RunState]) -> bool:
     return False
 
 
+@dataclass
+class Leftovers:
+    """What runs whose process is gone left behind (never anything of a live run)."""
+
+    namespaces: list[str]
+    processes: list[str]  # command names of the processes still running in those namespaces
+    nfqueue_rules: int
+    states: list[RunState]
+
+    def __bool__(self) -> bool:
+        return bool(self.namespaces or self.states)
+
+    def describe(self) -> str:
+        parts = []
+        if self.namespaces:
+            shown = ", ".join(self.namespaces[:6]) + (", ..." if len(self.namespaces) > 6 else "")
+            parts.append(f"{len(self.namespaces)} namespace{'s' if len(self.namespaces) != 1 else ''} ({shown})")
+        if self.processes:
+            counts = {c: self.processes.count(c) for c in sorted(set(self.processes))}
+            parts.append(f"{len(self.processes)} process{'es' if len(self.processes) != 1 else ''} ("
+                         + ", ".join(f"{c} x{n}" if n > 1 else c for c, n in counts.items()) + ")")
+        if self.nfqueue_rules:
+            parts.append(f"{self.nfqueue_rules} NFQUEUE rule{'s' if self.nfqueue_rules != 1 else ''}")
+        if self.states:
+            parts.append(f"{len(self.states)} run state file{'s' if len(self.states) != 1 else ''}")
+        return ", ".join(parts)
+
+
+def _nfqueue_rules(ns: str) -> int:
+    proc = subprocess.run(["ip", "netns", "exec", ns, "iptables", "-t", "mangle", "-S"], capture_output=True,
+                          text=True, check=False)
+    return sum("NFQUEUE" in line for line in proc.stdout.splitlines())
+
+
+def dead_leftovers() -> Leftovers:
+    """What `cleanup_all(include_live=False)` (`ccscope cleanup`) would remove, without removing it."""
+    with locked():
+        states = {s.run_id: s for s in all_states()}
+        namespaces = [ns for ns in list_namespaces() if not _owner_alive(ns, states)]
+        dead = [s for s in states.values() if not s.alive()]
+    processes = [_comm(pid) for ns in namespaces for pid in namespace_pids(ns)]
+    rules = sum(_nfqueue_rules(ns) for ns in namespaces if ns.endswith("-rtr")) if shutil.which("iptables") else 0
+    return Leftovers(namespaces, processes, rules, dead)
+
+
 def cleanup_all(*, include_live: bool = True) -> list[str]:
     """Removes every "ccs-" namespace (killing the processes in it), restores the sysctls recorded in
     state files, and removes those files. With include_live=False, runs whose process is still alive

@@ -14,7 +14,7 @@ from pathlib import Path
 from ccscope.errors import PrerequisiteError, UsageError
 from ccscope.units import DEFAULT_LISTEN, parse_listen
 
-from . import results
+from . import store
 
 
 def register(sub) -> None:
@@ -36,6 +36,11 @@ def register(sub) -> None:
     sc.add_argument("--backend", choices=("auto", "netem", "userspace"), default="auto",
                     help="link emulation backend (default auto: netem when the kernel has it)")
     sc.add_argument("--no-verify", action="store_true", help="skip the RTT/rate check of each emulated path")
+    sc.add_argument("--resume", metavar="DIR",
+                    help="finish an interrupted scenario: run only the runs missing from DIR, same seed and order "
+                         "(give the same scenario and flags as the first time)")
+    sc.add_argument("--cleanup-stale", action="store_true",
+                    help="remove what killed runs left behind (as `ccscope cleanup` does) instead of refusing to start")
     sc.set_defaults(func=cmd_scenario)
 
     rp = sub.add_parser("report", help="re-render report.html and plots from a results directory")
@@ -78,9 +83,16 @@ def _run(scenario, args: argparse.Namespace) -> int:
     listen = None if args.listen == "off" else (args.listen or DEFAULT_LISTEN)
     if listen:
         parse_listen(listen)  # bad --listen is a usage error before anything starts
+    resume = Path(args.resume) if args.resume else None
+    if resume is not None:
+        if not resume.is_dir():
+            raise UsageError(f"--resume {args.resume}: no such results directory")
+        if args.out and Path(args.out).resolve() != resume.resolve():
+            raise UsageError("--resume DIR writes into DIR: leave out --out, or give the same directory")
     options = runner.Options(out=Path(args.out) if args.out else None, listen=listen,
                              listen_explicit=args.listen is not None, skip_unavailable=args.skip_unavailable,
-                             backend=args.backend, quick=args.quick, verify=not args.no_verify)
+                             backend=args.backend, quick=args.quick, verify=not args.no_verify, resume=resume,
+                             cleanup_stale=args.cleanup_stale)
     out, doc = runner.run(scenario, options)
     from . import report
 
@@ -119,9 +131,16 @@ def cmd_report(args: argparse.Namespace) -> int:
     directory = Path(args.directory)
     if not directory.is_dir():
         raise UsageError(f"{args.directory}: no such results directory")
-    doc = results.load(directory)
-    html = report.render(directory, doc)
+    doc = store.load(directory)
+    series = report.load_series(directory, doc)  # everything is read and checked before anything is written
+    if store.rebuilt(directory, doc):
+        print(f"ccscope: rebuilt {directory}/results.json from {store.JOURNAL} ({len(doc['runs'])} runs)",
+              file=sys.stderr)
+    html = report.render(directory, doc, series)
     print(report.summary_table(doc))
+    if not doc["complete"]:
+        print(f"ccscope: incomplete: {len(doc['runs'])} of {len(doc['run_order'])} runs "
+              f"(finish with the scenario's command and --resume {directory})", file=sys.stderr)
     print(f"\nreport: {html}")
     return 0
 

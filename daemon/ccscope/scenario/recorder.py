@@ -95,13 +95,17 @@ class Recorder:
         self._netns: int | None = None
         self._flows: dict[int, FlowSeries] = {}
         self._stop = threading.Event()
-        self._ring = probe.ring_buffer(self._on_sample)
+        self._ring = probe.ring_buffer(self._on_samples)
         self._thread = threading.Thread(target=self._poll, name="ccscope-recorder", daemon=True)
         self._thread.start()
 
     def _poll(self) -> None:
         while not self._stop.is_set():
             self._ring.poll(50)
+
+    def _on_samples(self, raws: list) -> None:
+        for raw in raws:
+            self._on_sample(raw)
 
     def _on_sample(self, raw) -> None:
         if raw.netns != self._netns:

@@ -1,19 +1,30 @@
 """report.html, PNG plots and the terminal summary, from results.json and the per-flow CSVs only
-(so `ccscope report DIR` can re-render any results directory)."""
+(so `ccscope report DIR` can re-render any results directory).
+
+The CSVs are read through confined.py and parsed completely by load_series() before render() writes
+anything, so a bad results directory is one line and leaves no half-written report behind."""
 
 from __future__ import annotations
 
 import copy
 import csv
 import html
+import io
+import math
+import sys
 from pathlib import Path
 
 import matplotlib
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-
+from ccscope.errors import UsageError
 from ccscope.units import format_bytes
+
+from . import confined
+from .store import write_atomic
+
+matplotlib.use("Agg")
+matplotlib.rcParams["text.parse_math"] = False  # names and descriptions are text, never TeX
+import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
 
 COLORS = {"reno": "#1f77b4", "cubic": "#d62728", "bbr": "#2ca02c", "vegas": "#9467bd", "westwood": "#8c564b",
           "copa": "#ff7f0e"}
@@ -51,21 +62,68 @@ def with_display_names(doc: dict) -> dict:
     return doc
 
 
-def _read_csv(path: Path) -> list[dict]:
+PLOTTED_COLUMNS = ("cwnd_segments", "throughput_mbps", "srtt_ms", "rtt_ms")
+Series = dict[str, dict[str, tuple[list[float], list[float]]]]  # csv path -> column -> (times, values)
+
+
+def load_series(directory: Path, doc: dict) -> Series:
+    """The plotted columns of every CSV the plots use; checks every CSV path in the document."""
+    plotted = set()
+    for run in _first_runs(doc):
+        plotted.update(f["csv"] for f in [*run["flows"], *run["downloads"]] if f.get("csv"))
+        if run.get("ping") and run["ping"].get("csv"):
+            plotted.add(run["ping"]["csv"])
+    plots = directory / "plots"
+    if plots.is_symlink() or (plots.exists() and not plots.is_dir()):
+        raise UsageError(f"{plots}: not a directory (the report writes its plots there)")
+    out: Series = {}
+    for where, path in _csv_paths(doc):
+        confined.inside(directory, path, where)
+        if path in plotted and path not in out:
+            text = confined.read_text(directory, path, where, confined.MAX_CSV_BYTES)
+            if text is None:
+                print(f"ccscope: note: {path} is missing; its flow is not plotted", file=sys.stderr)
+            out[path] = _parse_csv(text or "", f"{directory}/{path}")
+    return out
+
+
+def _csv_paths(doc: dict):
+    for i, run in enumerate(doc["runs"]):
+        for kind in ("flows", "downloads"):
+            for j, flow in enumerate(run[kind]):
+                if flow.get("csv") is not None:
+                    yield f"results.json: runs[{i}].{kind}[{j}].csv", flow["csv"]
+        if run.get("ping") and run["ping"].get("csv") is not None:
+            yield f"results.json: runs[{i}].ping.csv", run["ping"]["csv"]
+
+
+def _parse_csv(text: str, where: str) -> dict[str, tuple[list[float], list[float]]]:
+    columns: dict[str, tuple[list[float], list[float]]] = {}
     try:
-        with path.open() as fh:
-            return list(csv.DictReader(fh))
-    except OSError:
-        return []
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        wanted = [c for c in PLOTTED_COLUMNS if c in (reader.fieldnames or [])]
+        if text and (not reader.fieldnames or "time_s" not in reader.fieldnames):
+            raise UsageError(f"{where}: no time_s column in the first line")
+        for key in wanted:
+            columns[key] = ([], [])
+        for row in reader:
+            for key in wanted:
+                if row.get(key) not in (None, ""):
+                    columns[key][0].append(_number(row.get("time_s"), where, reader.line_num, "time_s"))
+                    columns[key][1].append(_number(row[key], where, reader.line_num, key))
+    except csv.Error as exc:
+        raise UsageError(f"{where}: not valid CSV: {exc}") from None
+    return columns
 
 
-def _col(rows: list[dict], key: str) -> tuple[list[float], list[float]]:
-    xs, ys = [], []
-    for r in rows:
-        if r.get(key) not in (None, ""):
-            xs.append(float(r["time_s"]))
-            ys.append(float(r[key]))
-    return xs, ys
+def _number(text, where: str, line: int, column: str) -> float:
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not math.isfinite(value):
+        raise UsageError(f"{where}: line {line}: {column} {str(text)[:40]!r} is not a number")
+    return value
 
 
 # --- plots -----------------------------------------------------------------------------------------
@@ -82,11 +140,14 @@ def _first_runs(doc: dict) -> list[dict]:
     return out
 
 
+MAX_PANELS = 40  # profiles in one figure, bars in the loss plot: beyond that a figure is unreadable (and huge)
+
+
 def _profiles(doc: dict) -> list[str]:
-    return [p for p in doc["profiles"] if any(r["profile"] == p for r in doc["runs"])]
+    return [p for p in doc["profiles"] if any(r["profile"] == p for r in doc["runs"])][:MAX_PANELS]
 
 
-def plot_timeseries(directory: Path, doc: dict, column: str, ylabel: str, name: str, title: str,
+def plot_timeseries(directory: Path, doc: dict, series: Series, column: str, ylabel: str, name: str, title: str,
                     with_ping: bool = False) -> str | None:
     profiles = _profiles(doc)
     if not profiles:
@@ -100,7 +161,7 @@ def plot_timeseries(directory: Path, doc: dict, column: str, ylabel: str, name: 
                 continue
             flows = [f for f in run["flows"] if f.get("csv")] or [d for d in run["downloads"] if d.get("csv")]
             for i, flow in enumerate(flows):
-                xs, ys = _col(_read_csv(directory / flow["csv"]), column)
+                xs, ys = series.get(flow["csv"], {}).get(column, ([], []))
                 if not xs:
                     continue
                 alg = flow["algorithm"]
@@ -111,7 +172,7 @@ def plot_timeseries(directory: Path, doc: dict, column: str, ylabel: str, name: 
                 labelled.add(label)
                 drew = True
             if with_ping and run.get("ping") and run["ping"].get("csv"):
-                xs, ys = _col(_read_csv(directory / run["ping"]["csv"]), "rtt_ms")
+                xs, ys = series.get(run["ping"]["csv"], {}).get("rtt_ms", ([], []))
                 ping_label = f"ping ({run['algorithms']})"
                 ax.scatter(xs, ys, s=10, color=color(run["algorithms"].split("+")[0]), alpha=0.35, marker=".",
                            label=None if ping_label in labelled else ping_label)
@@ -136,6 +197,8 @@ def plot_tradeoff(directory: Path, doc: dict) -> str | None:
     if not rows:
         return None
     profiles = [p for p in _profiles(doc) if any(r["profile"] == p for r in rows)]
+    if not profiles:  # summary rows of profiles without runs: a hand-edited document
+        return None
     fig, axes = plt.subplots(1, len(profiles), figsize=(4.8 * len(profiles) + 0.6, 4.6), squeeze=False)
     for ax, profile in zip(axes[0], profiles, strict=True):
         mine = [r for r in rows if r["profile"] == profile]
@@ -174,7 +237,7 @@ def plot_tradeoff(directory: Path, doc: dict) -> str | None:
 
 def plot_loss(directory: Path, doc: dict) -> str | None:
     rows = [r for r in doc["summary"] if r["retransmit_ratio"]["mean"] is not None
-            or r["link_drop_ratio"]["mean"] is not None]
+            or r["link_drop_ratio"]["mean"] is not None][:MAX_PANELS]
     if not rows:
         return None
     fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(rows) + 2), 4.5))
@@ -203,6 +266,8 @@ def plot_downloads(directory: Path, doc: dict) -> str | None:
     if not any(r["downloads"] for r in doc["runs"]):
         return None
     profiles = [p for p in _profiles(doc) if any(r["downloads"] for r in doc["runs"] if r["profile"] == p)]
+    if not profiles:
+        return None
     fig, axes = plt.subplots(1, len(profiles), figsize=(4.5 * len(profiles) + 1, 4.2), squeeze=False, sharey=True)
     for ax, profile in zip(axes[0], profiles, strict=True):
         for alg in sorted({d["algorithm"] for r in doc["runs"] if r["profile"] == profile for d in r["downloads"]}):
@@ -233,14 +298,17 @@ def _download_timeout_s(doc: dict) -> float:
     limit = doc["scenario"].get("download_timeout_s")
     if limit is not None:
         return limit
-    times = [d["completion_time_s"] for r in doc["runs"] for d in r["downloads"] if d["complete"]]
+    times = [d["completion_time_s"] for r in doc["runs"] for d in r["downloads"]
+             if d["complete"] and d["completion_time_s"] is not None]
     return max(times, default=1.0) * 1.1
 
 
 def _save(fig, directory: Path, name: str) -> str:
     (directory / "plots").mkdir(exist_ok=True)
-    fig.savefig(directory / "plots" / name, dpi=110)
+    image = io.BytesIO()
+    fig.savefig(image, format="png", dpi=110)
     plt.close(fig)
+    write_atomic(directory / "plots" / name, image.getvalue())
     return f"plots/{name}"
 
 
@@ -298,6 +366,8 @@ def summary_table(doc: dict) -> str:
     lines = ["  ".join(v.ljust(w) if i < 2 else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths, strict=True)))
              for row in cells]
     note = "± is the 95% confidence interval over runs" if doc["runs_per_unit"] > 1 else "1 run per cell: no interval"
+    if not doc["complete"]:
+        note += f"; INCOMPLETE: {len(doc['runs'])} of {len(doc['run_order'])} runs"
     return f"\n{doc['scenario']['name']} ({note})\n" + "\n".join(lines)
 
 
@@ -316,23 +386,25 @@ def _table(header: list[str], rows: list[list[str]], numeric_from: int = 2) -> s
     return f"<table><tr>{h}</tr>{body}</table>"
 
 
-def render(directory: Path, doc: dict) -> Path:
-    """report.html and the PNGs it shows, from results.json and the per-flow CSVs."""
+def render(directory: Path, doc: dict, series: Series | None = None) -> Path:
+    """report.html and the PNGs it shows, from results.json and the per-flow CSVs (load_series, which
+    checks and reads them all before anything is written; pass its result if you have it already)."""
     doc = with_display_names(doc)
-    plots = _draw_plots(directory, doc)
-    sections = (_html_header(doc), _html_problems(doc), _html_summary(doc), _html_plots(plots), _html_profiles(doc),
-                _html_runs(doc), _html_downloads(doc), _html_environment(doc), _html_footer(doc))
+    plots = _draw_plots(directory, doc, load_series(directory, doc) if series is None else series)
+    sections = (_html_header(doc), _html_incomplete(directory, doc), _html_problems(doc), _html_summary(doc),
+                _html_plots(plots), _html_profiles(doc), _html_runs(doc), _html_downloads(doc),
+                _html_environment(doc), _html_footer(doc))
     path = directory / "report.html"
-    path.write_text("\n".join(part for part in sections if part) + "\n")
+    write_atomic(path, "\n".join(part for part in sections if part) + "\n")
     return path
 
 
-def _draw_plots(directory: Path, doc: dict) -> list[str]:
+def _draw_plots(directory: Path, doc: dict, series: Series) -> list[str]:
     return [p for p in (
-        plot_timeseries(directory, doc, "cwnd_segments", "cwnd (segments)", "cwnd.png", "congestion window"),
-        plot_timeseries(directory, doc, "throughput_mbps", "throughput (Mbit/s, 200 ms window)", "throughput.png",
-                        "throughput"),
-        plot_timeseries(directory, doc, "srtt_ms", "RTT (ms): srtt lines, ping dots", "rtt.png", "RTT",
+        plot_timeseries(directory, doc, series, "cwnd_segments", "cwnd (segments)", "cwnd.png", "congestion window"),
+        plot_timeseries(directory, doc, series, "throughput_mbps", "throughput (Mbit/s, 200 ms window)",
+                        "throughput.png", "throughput"),
+        plot_timeseries(directory, doc, series, "srtt_ms", "RTT (ms): srtt lines, ping dots", "rtt.png", "RTT",
                         with_ping=True),
         plot_tradeoff(directory, doc), plot_loss(directory, doc), plot_downloads(directory, doc)) if p]
 
@@ -346,6 +418,16 @@ def _html_header(doc: dict) -> str:
         f"<p>{len(doc['runs'])} runs, {doc['runs_per_unit']} per profile × algorithm"
         f"{' (quick)' if doc['quick'] else ''}; bulk flows {scenario['duration_s']:g} s with the first "
         f"{scenario['warmup_s']:g} s trimmed; started {html.escape(doc['started_at'])}.</p>"])
+
+
+def _html_incomplete(directory: Path, doc: dict) -> str:
+    if doc["complete"]:
+        return ""
+    why = f", interrupted by {doc['interrupted']}" if doc["interrupted"] else ""
+    missing = ", ".join(doc["missing_runs"][:20]) + (", ..." if len(doc["missing_runs"]) > 20 else "")
+    return (f"<h2 class=err>Incomplete: {len(doc['runs'])} of {len(doc['run_order'])} runs{html.escape(why)}</h2>"
+            f"<p class=err>Missing: {html.escape(missing)}. Finish with the scenario's command and "
+            f"<code>--resume {html.escape(str(directory))}</code>.</p>")
 
 
 def _html_problems(doc: dict) -> str:

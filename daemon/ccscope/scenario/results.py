@@ -1,23 +1,31 @@
 """results.json: the document a scenario writes, its versioned schema, and a validator for it.
 
-The schema is a small subset of JSON Schema (type, required, properties, items, enum) checked by
-validate() here, without extra dependencies. Bump SCHEMA_VERSION on any incompatible change and
-describe it in docs/scenarios.md.
+The schema is a small subset of JSON Schema (type, required, properties, additionalProperties, items,
+enum, pattern, maxLength) checked by validate() here, without extra dependencies. Bump SCHEMA_VERSION on
+any incompatible change and describe it in docs/scenarios.md. load() treats the file as untrusted input:
+everything the report reads is typed here, so a hand-edited document is one line, not a traceback.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 from ccscope import __version__
 from ccscope.errors import UsageError
 
+from . import confined
 from .environment import capture, now_iso
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: complete, missing_runs, interrupted, backend_requested, resumed_at
 NUM = ["number", "null"]
+# Names the report puts into plot legends and titles: what spec.py accepts, nothing more.
+_NAME = {"type": "string", "pattern": r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"}
+_ALG = {"type": "string", "pattern": r"[a-z][a-z0-9_]{0,14}"}
+_MIX = {"type": "string", "pattern": r"[a-z][a-z0-9_]{0,14}(\+[a-z][a-z0-9_]{0,14})*"}
+_TEXT = {"type": "string", "maxLength": 4096}
 
 _SUMMARY = {"type": "object", "required": ["mean", "median", "p95", "count"],
             "properties": {"mean": {"type": NUM}, "median": {"type": NUM}, "p95": {"type": NUM},
@@ -28,7 +36,7 @@ _CI = {"type": "object", "required": ["mean", "ci95", "n"],
 _FLOW = {"type": "object",
          "required": ["id", "kind", "algorithm", "algorithm_kernel", "algorithm_iperf3", "algorithm_ok",
                       "goodput_bps", "srtt_ms", "retransmits", "retransmit_ratio", "samples"],
-         "properties": {"id": {"type": "string"}, "kind": {"enum": ["bulk"]}, "algorithm": {"type": "string"},
+         "properties": {"id": {"type": "string"}, "kind": {"enum": ["bulk"]}, "algorithm": _ALG,
                         "algorithm_kernel": {"type": ["string", "null"]},
                         "algorithm_iperf3": {"type": ["string", "null"]}, "algorithm_ok": {"type": "boolean"},
                         "goodput_bps": {"type": NUM}, "srtt_ms": _SUMMARY, "retransmits": {"type": ["integer", "null"]},
@@ -39,7 +47,7 @@ _DOWNLOAD = {"type": "object",
              "required": ["id", "size_bytes", "complete", "completion_time_s", "received_bytes", "algorithm"],
              "properties": {"id": {"type": "string"}, "size_bytes": {"type": "integer"},
                             "complete": {"type": "boolean"}, "completion_time_s": {"type": NUM},
-                            "received_bytes": {"type": "integer"}, "algorithm": {"type": "string"},
+                            "received_bytes": {"type": "integer"}, "algorithm": _ALG,
                             "algorithm_kernel": {"type": ["string", "null"]}, "error": {"type": ["string", "null"]},
                             "csv": {"type": ["string", "null"]}, "start_s": {"type": "number"}}}
 _LINK_DIR = {"type": "object", "required": ["packets", "queue_drops", "random_drops"],
@@ -49,13 +57,13 @@ _RUN = {"type": "object",
         "required": ["label", "position", "profile", "algorithms", "repetition", "netns", "backend", "duration_s",
                      "flows", "downloads", "ping", "link", "jain", "per_algorithm", "errors"],
         "properties": {
-            "label": {"type": "string"}, "position": {"type": "integer"}, "profile": {"type": "string"},
-            "algorithms": {"type": "string"}, "repetition": {"type": "integer"}, "netns": {"type": "integer"},
+            "label": {"type": "string"}, "position": {"type": "integer"}, "profile": _NAME,
+            "algorithms": _MIX, "repetition": {"type": "integer"}, "netns": {"type": "integer"},
             "backend": {"type": "string"}, "duration_s": {"type": "number"},
             "flows": {"type": "array", "items": _FLOW}, "downloads": {"type": "array", "items": _DOWNLOAD},
             "ping": {"type": ["object", "null"], "required": ["sent", "received", "rtt_ms"],
                      "properties": {"sent": {"type": "integer"}, "received": {"type": "integer"},
-                                    "rtt_ms": _SUMMARY}},
+                                    "rtt_ms": _SUMMARY, "csv": {"type": ["string", "null"]}}},
             "link": {"type": "object", "required": ["up", "down"], "properties": {"up": _LINK_DIR, "down": _LINK_DIR}},
             "jain": {"type": NUM}, "per_algorithm": {"type": "object"},
             "errors": {"type": "array", "items": {"type": "string"}}}}
@@ -63,38 +71,62 @@ _ROW = {"type": "object",
         "required": ["profile", "algorithms", "algorithm", "runs", "goodput_bps", "srtt_mean_ms", "srtt_median_ms",
                      "srtt_p95_ms", "ping_median_ms", "ping_p95_ms", "retransmit_ratio", "link_drop_ratio", "jain",
                      "downloads", "algorithm_ok"],
-        "properties": {"profile": {"type": "string"}, "algorithms": {"type": "string"},
-                       "algorithm": {"type": "string"}, "runs": {"type": "integer"},
+        "properties": {"profile": _NAME, "algorithms": _MIX, "algorithm": _ALG, "runs": {"type": "integer"},
                        "goodput_bps": _CI, "srtt_mean_ms": _CI, "srtt_median_ms": _CI, "srtt_p95_ms": _CI,
                        "ping_median_ms": _CI, "ping_p95_ms": _CI, "retransmit_ratio": _CI, "link_drop_ratio": _CI,
                        "jain": _CI, "algorithm_ok": {"type": "boolean"},
-                       "downloads": {"type": "object", "required": ["total", "complete", "by_size"]}}}
+                       "downloads": {"type": "object", "required": ["total", "complete", "by_size"],
+                                     "properties": {"total": {"type": "integer"}, "complete": {"type": "integer"},
+                                                    "by_size": {"type": "object", "additionalProperties": {
+                                                        "type": "object",
+                                                        "required": ["total", "complete", "completion_time_median_s"],
+                                                        "properties": {"total": {"type": "integer"},
+                                                                       "complete": {"type": "integer"},
+                                                                       "completion_time_median_s": {"type": NUM}}}}}}}}
+_PROFILE = {"type": "object", "required": ["description", "base_rtt_s", "bdp_bytes", "up_rate_bps"],
+            "properties": {"description": _TEXT, "base_rtt_s": {"type": "number"}, "bdp_bytes": {"type": "number"},
+                           "up_rate_bps": {"type": NUM}, "down_rate_bps": {"type": NUM}}}
+_CHECK = {"type": "object", "required": ["ok", "message"],
+          "properties": {"ok": {"type": "boolean"}, "message": {"type": "string"}}}
 SCHEMA = {
     "type": "object",
     "required": ["schema_version", "tool", "scenario", "profiles", "algorithms", "skipped_algorithms", "quick",
                  "runs_per_unit", "seed", "run_order", "environment", "emulation_checks", "runs", "summary",
-                 "errors", "warnings", "started_at", "finished_at"],
+                 "errors", "warnings", "started_at", "finished_at", "complete", "missing_runs", "interrupted",
+                 "backend_requested", "resumed_at"],
     "properties": {
         "schema_version": {"enum": [SCHEMA_VERSION]},
         "tool": {"type": "object", "required": ["name", "version"]},
         "scenario": {"type": "object", "required": ["name", "description", "source", "duration_s", "warmup_s",
                                                     "sample_interval_s", "definition"],
-                     "properties": {"download_timeout_s": {"type": NUM}}},  # optional: older files lack it
-        "profiles": {"type": "object"},
-        "algorithms": {"type": "array", "items": {"type": "string"}},
-        "skipped_algorithms": {"type": "array", "items": {"type": "string"}},
+                     "properties": {"name": _NAME, "description": {"type": "string"}, "source": {"type": "string"},
+                                    "duration_s": {"type": "number"}, "warmup_s": {"type": "number"},
+                                    "sample_interval_s": {"type": "number"}, "definition": {"type": "object"},
+                                    "download_timeout_s": {"type": NUM}}},  # optional: older files lack it
+        "profiles": {"type": "object", "additionalProperties": _PROFILE},
+        "algorithms": {"type": "array", "items": _MIX},
+        "skipped_algorithms": {"type": "array", "items": _ALG},
         "quick": {"type": "boolean"}, "runs_per_unit": {"type": "integer"}, "seed": {"type": "integer"},
         "run_order": {"type": "array", "items": {"type": "string"}},
         "environment": {"type": "object", "required": ["kernel", "sysctls", "offloads", "ccscope_version",
-                                                       "iperf3_version", "seed", "run_order"]},
-        "emulation_checks": {"type": "object"},
+                                                       "iperf3_version", "seed", "run_order"],
+                        "properties": {"sysctls": {"type": "object"}, "offloads": {"type": "object"},
+                                       "sysctls_sender_ns": {"type": "object"}}},
+        "emulation_checks": {"type": "object", "additionalProperties": _CHECK},
         "runs": {"type": "array", "items": _RUN},
         "summary": {"type": "array", "items": _ROW},
         "errors": {"type": "array", "items": {"type": "string"}},
         "warnings": {"type": "array", "items": {"type": "string"}},
         "started_at": {"type": "string"}, "finished_at": {"type": ["string", "null"]},
+        "complete": {"type": "boolean"}, "missing_runs": {"type": "array", "items": {"type": "string"}},
+        "interrupted": {"type": ["string", "null"]}, "backend_requested": {"type": "string"},
+        "resumed_at": {"type": "array", "items": {"type": "string"}},
     },
 }
+RUN_SCHEMA = _RUN
+# What a --resume must match: everything that decides which units run and how (not when, or where from).
+IDENTITY = ("scenario", "profiles", "algorithms", "skipped_algorithms", "quick", "runs_per_unit", "seed",
+            "run_order", "backend_requested")
 
 _TYPES = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}
 
@@ -116,7 +148,12 @@ def check(value: Any, schema: dict, path: str = "$") -> list[str]:
         if not any(_is(value, k) for k in kinds):
             return [f"{path}: expected {' or '.join(kinds)}, got {type(value).__name__}"]
     if "enum" in schema and value not in schema["enum"]:
-        problems.append(f"{path}: {value!r} is not one of {schema['enum']}")
+        problems.append(f"{path}: {_short(value)} is not one of {schema['enum']}")
+    if isinstance(value, str):
+        if "maxLength" in schema and len(value) > schema["maxLength"]:
+            problems.append(f"{path}: longer than {schema['maxLength']} characters")
+        if "pattern" in schema and not re.fullmatch(schema["pattern"], value):
+            problems.append(f"{path}: {_short(value)} is not a valid name")
     if isinstance(value, dict):
         for key in schema.get("required", []):
             if key not in value:
@@ -124,19 +161,37 @@ def check(value: Any, schema: dict, path: str = "$") -> list[str]:
         for key, sub in schema.get("properties", {}).items():
             if key in value:
                 problems += check(value[key], sub, f"{path}.{key}")
+        if "additionalProperties" in schema:
+            for key, item in value.items():
+                problems += check(item, schema["additionalProperties"], f"{path}.{key}")
     if isinstance(value, list) and "items" in schema:
         for i, item in enumerate(value):
             problems += check(item, schema["items"], f"{path}[{i}]")
     return problems
 
 
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _semantic(doc: dict) -> list[str]:
+    """What the schema language cannot say but the report relies on."""
+    problems = []
+    for i, row in enumerate(doc["summary"]):
+        for size in row["downloads"]["by_size"]:
+            if not size.isdigit() or len(size) > 18:
+                problems.append(f"$.summary[{i}].downloads.by_size: {_short(size)} is not a size in bytes")
+    return problems
+
+
 def validate(doc: dict) -> None:
-    problems = check(doc, SCHEMA)
+    problems = check(doc, SCHEMA) or _semantic(doc)
     if problems:
         raise ValueError(f"results.json does not match schema {SCHEMA_VERSION}: " + "; ".join(problems[:5]))
 
 
-def new_document(scenario, units, skipped: list[str], quick: bool) -> dict:
+def new_document(scenario, units, skipped: list[str], quick: bool, backend: str = "auto") -> dict:
     order = [u.label for u in units]
     return {
         "schema_version": SCHEMA_VERSION,
@@ -153,6 +208,8 @@ def new_document(scenario, units, skipped: list[str], quick: bool) -> dict:
         "skipped_algorithms": skipped, "quick": quick, "runs_per_unit": scenario.runs, "seed": scenario.seed,
         "run_order": order, "environment": capture(scenario.seed, order), "emulation_checks": {},
         "runs": [], "summary": [], "errors": [], "warnings": [], "started_at": now_iso(), "finished_at": None,
+        "complete": False, "missing_runs": order, "interrupted": None, "backend_requested": backend,
+        "resumed_at": [],
     }
 
 
@@ -162,30 +219,89 @@ def new_run(unit, position: int) -> dict:
             "flows": [], "downloads": [], "ping": None, "link": {}, "jain": None, "per_algorithm": {}, "errors": []}
 
 
+def identity_mismatch(stored: dict, fresh: dict) -> str | None:
+    """The first thing that differs between the scenario that wrote `stored` and `fresh`, or None."""
+    for key in IDENTITY:
+        a, b = stored.get(key), fresh.get(key)
+        if key == "scenario":  # where the file was read from does not change what runs
+            definition = _first_difference(a.get("definition"), b.get("definition"), "scenario file")
+            if definition:
+                return definition
+            a = {k: v for k, v in a.items() if k != "source"}
+            b = {k: v for k, v in b.items() if k != "source"}
+        if problem := _first_difference(a, b, key):
+            return problem
+    return None
+
+
+def _first_difference(a: Any, b: Any, path: str) -> str | None:
+    a, b = _jsonable(a), _jsonable(b)
+    if a == b:
+        return None
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in [*a, *(k for k in b if k not in a)]:
+            if problem := _first_difference(a.get(key), b.get(key), f"{path} {key}"):
+                return problem
+    return f"{path}: {_short(a)} there, {_short(b)} now"
+
+
+def refresh(doc: dict, scenario_like) -> None:
+    """Derives what follows from the runs: order, summary, errors, missing runs, completeness."""
+    from . import analysis
+
+    doc["runs"].sort(key=lambda r: r["position"])
+    done = {r["label"] for r in doc["runs"]}
+    doc["missing_runs"] = [label for label in doc["run_order"] if label not in done]
+    doc["complete"] = not doc["missing_runs"]
+    doc["summary"] = analysis.summarize(doc["runs"], scenario_like)
+    doc["errors"] = [f"{r['label']}: {e}" for r in doc["runs"] for e in r["errors"]]
+
+
 def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
 
-def write(out: Path, doc: dict) -> Path:
-    path = out / "results.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc, indent=1, default=str) + "\n")
-    tmp.replace(path)
-    return path
+def upgrade(doc: Any) -> Any:
+    """Schema 1 (before crash-safe results) was only ever written complete."""
+    if isinstance(doc, dict) and doc.get("schema_version") == 1:
+        doc = {**doc, "schema_version": SCHEMA_VERSION, "complete": True, "missing_runs": [], "interrupted": None,
+               "backend_requested": "auto", "resumed_at": []}
+    return doc
+
+
+MAX_DEPTH = 32  # results.json nests 7 deep; the scenario definition a little more
+
+
+def _too_deep(value: Any) -> bool:
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth > MAX_DEPTH:
+                return True
+            stack.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return False
+
+
+def parse(text: str, where: str) -> dict:
+    """A results document from JSON text: schema-checked, every problem one UsageError line."""
+    doc = confined.parse_json(text, where)
+    if _too_deep(doc):
+        raise UsageError(f"{where}: nested deeper than {MAX_DEPTH} levels")
+    doc = upgrade(doc)
+    if not isinstance(doc, dict) or doc.get("schema_version") != SCHEMA_VERSION:
+        got = doc.get("schema_version") if isinstance(doc, dict) else None
+        raise UsageError(f"{where}: schema_version {_short(got)}, this ccscope reads {SCHEMA_VERSION}")
+    problems = check(doc, SCHEMA) or _semantic(doc)
+    if problems:
+        raise UsageError(f"{where}: does not match the results schema: {problems[0]}")
+    return doc
 
 
 def load(directory: Path) -> dict:
-    path = directory / "results.json"
-    try:
-        doc = json.loads(path.read_text())
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot read: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"{path}: not valid JSON: {exc.msg} at line {exc.lineno}") from None
-    if not isinstance(doc, dict) or doc.get("schema_version") != SCHEMA_VERSION:
-        got = doc.get("schema_version") if isinstance(doc, dict) else None
-        raise UsageError(f"{path}: schema_version {got!r}, this ccscope reads {SCHEMA_VERSION}")
-    problems = check(doc, SCHEMA)
-    if problems:
-        raise UsageError(f"{path}: does not match the results schema: {problems[0]}")
-    return doc
+    """results.json of a results directory (read as untrusted input; see confined.py)."""
+    where = str(directory / "results.json")
+    text = confined.read_text(directory, "results.json", where, confined.MAX_JSON_BYTES)
+    if text is None:
+        raise UsageError(f"{where}: no such file")
+    return parse(text, where)

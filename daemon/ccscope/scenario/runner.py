@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import signal
 import sys
 from dataclasses import dataclass
 from datetime import datetime
@@ -14,8 +15,9 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from ccscope.cc.provide import check_forced, providable, provided
+from ccscope.emulation import state
 from ccscope.emulation.testbed import Testbed
-from ccscope.errors import PrerequisiteError, UsageError
+from ccscope.errors import CcscopeError, PrerequisiteError, UsageError
 from ccscope.exporter import FlowCollector
 from ccscope.flows import FlowFilter, FlowSelection, FlowTable
 from ccscope.hosttools import SCENARIO_TOOLS, need
@@ -28,6 +30,7 @@ from .environment import namespace_sysctls, now_iso
 from .progress import Progress
 from .recorder import FlowSeries, Recorder, csv_text
 from .spec import Scenario, mix_label
+from .store import Store, signals_held
 from .traffic import FETCH_PORT, BulkFlow, TrafficResult, planned_seconds, run_traffic
 
 THROUGHPUT_WINDOW_S = 0.2  # flent samples throughput every 0.2 s
@@ -42,6 +45,16 @@ class Options:
     backend: str = "auto"
     quick: bool = False
     verify: bool = True
+    resume: Path | None = None  # a results directory to complete
+    cleanup_stale: bool = False  # remove a killed run's leftovers instead of refusing to start
+
+
+class Interrupted(CcscopeError):
+    """SIGINT/SIGTERM/SIGHUP: the completed runs are saved, the emulation is torn down."""
+
+    def __init__(self, signum: int, problem: str, fix: str) -> None:
+        super().__init__(problem, fix)
+        self.exit_code = 128 + signum
 
 
 @dataclass(frozen=True)
@@ -92,35 +105,124 @@ def default_out(scenario: Scenario) -> Path:
 
 
 def run(scenario: Scenario, options: Options) -> tuple[Path, dict]:
+    """Runs the scenario's units (only the missing ones with --resume); each completed run is saved at
+    once (see store.py). SIGINT/SIGTERM/SIGHUP tear down, save what completed and raise Interrupted."""
     check_prerequisites()
     scenario, skipped = select_algorithms(scenario, options.skip_unavailable)
-    out = options.out or default_out(scenario)
-    if out.exists() and any(out.iterdir()):
-        raise UsageError(f"--out {out}: directory exists and is not empty")
     units = plan(scenario)
+    fresh = results.new_document(scenario, units, skipped, options.quick, options.backend)
+    out = options.resume or options.out or default_out(scenario)
+    if options.resume is None and out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UsageError(f"--out {out}: {'directory exists and is not empty' if out.is_dir() else 'not a directory'}")
+    store, doc = _open(out, fresh, options)
     for name in skipped:
         print(f"ccscope: {name} is not available in this kernel; running without it", file=sys.stderr)
-    (out / "flows").mkdir(parents=True, exist_ok=True)
-    doc = results.new_document(scenario, units, skipped, options.quick)
+    old_handlers = _raise_on_signals()
+    try:
+        _run_missing(scenario, units, doc, store, out, options)
+    except (KeyboardInterrupt, SystemExit) as exc:
+        signum = signal.SIGINT if isinstance(exc, KeyboardInterrupt) else _signal_of(exc)
+        if signum is None:
+            raise
+        with signals_held():
+            doc["interrupted"] = signal.Signals(signum).name
+            store.write(doc)
+        raise Interrupted(signum, f"interrupted by {signal.Signals(signum).name} after {len(doc['runs'])} of "
+                                  f"{len(units)} runs; they are saved in {out}/results.json",
+                          f"finish with the same command and --resume {out}") from None
+    except BaseException:
+        if doc["runs"]:
+            print(f"ccscope: {len(doc['runs'])} of {len(units)} runs are saved in {out}/results.json "
+                  f"(finish with the same command and --resume {out})", file=sys.stderr)
+        raise
+    finally:
+        _restore_signals(old_handlers)
+        store.close()
+    doc["finished_at"] = now_iso()
+    doc["interrupted"] = None
+    store.write(doc)
+    return out, doc
+
+
+def _run_missing(scenario: Scenario, units: list[Unit], doc: dict, store: Store, out: Path,
+                 options: Options) -> None:
+    todo = [(position, unit) for position, unit in enumerate(units, 1) if unit.label in doc["missing_runs"]]
+    if not todo:
+        return
     with provided(scenario.all_algorithms, f"scenario {scenario.name}") as implementations, \
             _telemetry(scenario, options) as (recorder, collector, endpoint):
         doc["implementations"] = {name: impl.as_dict() for name, impl in implementations.items()}
         if endpoint:
             print(f"ccscope: live per-flow telemetry on http://{endpoint}/metrics", file=sys.stderr)
         progress = Progress(len(units), planned_seconds(scenario))
-        verified: set[str] = set()
-        for position, unit in enumerate(units, 1):
+        verified: set[str] = set(doc["emulation_checks"])
+        for position, unit in todo:
             record = _run_unit(scenario, unit, position, out, recorder, collector, progress, options,
                                verify=options.verify and unit.profile not in verified, doc=doc)
             verified.add(unit.profile)
-            doc["runs"].append(record)
+            store.add_run(doc, record)
             progress.done(record)
-    doc["finished_at"] = now_iso()
-    doc["summary"] = analysis.summarize(doc["runs"], scenario)
-    doc["errors"] += [f"{r['label']}: {e}" for r in doc["runs"] for e in r["errors"]]
-    results.validate(doc)
-    results.write(out, doc)
-    return out, doc
+
+
+def _open(out: Path, fresh: dict, options: Options) -> tuple[Store, dict]:
+    """A new results directory, or the one to resume if `fresh` (this invocation's plan) is the scenario
+    that wrote it; a dead run's leftovers are refused (or removed) before anything is written."""
+    if options.resume is None:
+        _refuse_stale(options.cleanup_stale)
+        try:
+            (out / "flows").mkdir(parents=True, exist_ok=True)
+            return Store.create(out, fresh), fresh
+        except OSError as exc:
+            raise UsageError(f"--out {out}: cannot create: {exc.strerror}") from None
+    store, doc = Store.resume(out)
+    try:
+        differs = results.identity_mismatch(doc, fresh)
+        if differs:
+            raise UsageError(f"--resume {out}: the scenario differs from the one that wrote it: {differs}")
+        _refuse_stale(options.cleanup_stale)
+    except BaseException:
+        store.close()
+        raise
+    print(f"ccscope: resuming {out}: {len(doc['runs'])} of {len(doc['run_order'])} runs done, "
+          f"{len(doc['missing_runs'])} to run", file=sys.stderr)
+    doc["resumed_at"].append(now_iso())
+    doc["interrupted"] = None
+    return store, doc
+
+
+def _refuse_stale(cleanup: bool) -> None:
+    """A killed run's namespaces, delay lines and iperf3 would compete with this run for the CPU."""
+    leftovers = state.dead_leftovers()
+    if not leftovers:
+        return
+    if not cleanup:
+        raise PrerequisiteError(f"a killed run left {leftovers.describe()} behind; they would compete with this "
+                                "run for CPU", "run `ccscope cleanup`, or add --cleanup-stale")
+    state.cleanup_all(include_live=False)
+    print(f"ccscope: removed what a killed run left behind: {leftovers.describe()}", file=sys.stderr)
+
+
+def _signal_of(exc: SystemExit) -> int | None:
+    """Testbed (and _raise_on_signals) turn SIGTERM/SIGHUP into SystemExit(128 + signal number)."""
+    code = exc.code if isinstance(exc.code, int) else None
+    return code - 128 if code in (128 + signal.SIGTERM, 128 + signal.SIGHUP) else None
+
+
+def _raise_on_signals() -> dict:
+    """Outside a Testbed too, SIGTERM/SIGHUP unwind like Ctrl-C, so the runs so far are saved."""
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+
+    old = {}
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        with contextlib.suppress(ValueError):  # not the main thread
+            old[sig] = signal.signal(sig, stop)
+    return old
+
+
+def _restore_signals(old: dict) -> None:
+    for sig, handler in old.items():
+        signal.signal(sig, handler)
 
 
 @contextlib.contextmanager
