@@ -82,10 +82,10 @@ def _load_foreground(spelled: str, name: str) -> int:
         impl = chosen[name]
         if impl.implementation != "bpf":
             raise UsageError(f"{name} is the kernel's own here; use bpf:{name} for ccscope's BPF version")
-        print(f"{name}: registered (ccscope BPF, sha256 {impl.sha256[:12]}); Ctrl-C unregisters it", flush=True)
         stop = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
         signal.signal(signal.SIGHUP, lambda *_: stop.set())
+        print(f"{name}: registered (ccscope BPF, sha256 {impl.sha256[:12]}); Ctrl-C unregisters it", flush=True)
         try:
             while not stop.wait(1.0):
                 pass
