@@ -5,7 +5,8 @@
  *   tp_btf/tcp_probe            every incoming segment on an established socket;
  *                               refreshes the flow at most once per sample interval
  *   tp_btf/tcp_retransmit_skb   retransmit counters per flow and per algorithm
- *   tp_btf/inet_sock_set_state  final values when a tracked flow reaches TCP_CLOSE
+ *   tp_btf/inet_sock_set_state  final values when a tracked flow reaches TCP_CLOSE;
+ *                               the owning process at connect (SYN_SENT) and listen
  *
  * The hot path (tcp_probe between samples) is an inlined per-CPU array
  * access and a compare against the socket's own clock (tp->tcp_mstamp): no
@@ -23,7 +24,9 @@
 
 #define AF_INET 2
 #define AF_INET6 10
+#define TCP_SYN_SENT 2
 #define TCP_CLOSE 7
+#define TCP_LISTEN 10
 #define RINGBUF_WAKEUP_BYTES (256 << 10) /* the loader never sizes the ring below 1 MiB */
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
@@ -75,6 +78,34 @@ struct {
 	__type(value, struct hist);
 } hists SEC(".maps");
 
+/*
+ * Owners of sockets not yet (or no longer) in `flows`: set at connect, read
+ * once when tcp_probe first sees the flow. LRU: connects that never carry
+ * data age out. The loader sizes it like `flows`.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u64);
+	__type(value, struct owner);
+} owners SEC(".maps");
+
+/* Listening sockets' owners: accepted flows are created in softirq, where `current` is nobody's. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct listener_key);
+	__type(value, struct owner);
+} listeners SEC(".maps");
+
+/* Sized by the loader to --max-cgroups + 1; key CCSCOPE_CGROUP_OTHER is inserted by the loader. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 257);
+	__type(key, __u64);
+	__type(value, struct cgroup_stats);
+} cgroup_stats SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, CCSCOPE_CNT_MAX);
@@ -117,11 +148,26 @@ static __always_inline __u32 log2_u64(__u64 v)
 	return r;
 }
 
+static __always_inline void hist_add(struct hist *h, __u32 value_us)
+{
+	__u32 slot;
+
+	/*
+	 * Values are u32 microseconds, so log2 <= 31 < CCSCOPE_HIST_SLOTS. The
+	 * barrier keeps clang from folding the mask into log2's arithmetic,
+	 * where the 6.1 verifier loses track of the bound.
+	 */
+	slot = log2_u64(value_us);
+	barrier_var(slot);
+	slot &= CCSCOPE_HIST_SLOTS - 1;
+	__sync_fetch_and_add(&h->slots[slot], 1);
+	__sync_fetch_and_add(&h->sum_us, value_us);
+}
+
 static __always_inline void observe(const char *ca_name, __u32 kind, __u32 value_us)
 {
 	struct hist_key key = { .kind = kind };
 	struct hist *h;
-	__u32 slot;
 
 	__builtin_memcpy(key.name, ca_name, CCSCOPE_CA_NAME_LEN);
 	h = bpf_map_lookup_elem(&hists, &key);
@@ -133,16 +179,7 @@ static __always_inline void observe(const char *ca_name, __u32 kind, __u32 value
 		if (!h)
 			return;
 	}
-	/*
-	 * Values are u32 microseconds, so log2 <= 31 < CCSCOPE_HIST_SLOTS. The
-	 * barrier keeps clang from folding the mask into log2's arithmetic,
-	 * where the 6.1 verifier loses track of the bound.
-	 */
-	slot = log2_u64(value_us);
-	barrier_var(slot);
-	slot &= CCSCOPE_HIST_SLOTS - 1;
-	__sync_fetch_and_add(&h->slots[slot], 1);
-	__sync_fetch_and_add(&h->sum_us, value_us);
+	hist_add(h, value_us);
 }
 
 static __always_inline struct cc_stats *cc_stats_for(const char *ca_name)
@@ -157,6 +194,83 @@ static __always_inline struct cc_stats *cc_stats_for(const char *ca_name)
 	struct cc_stats empty = {};
 	bpf_map_update_elem(&cc_stats, &key, &empty, BPF_NOEXIST);
 	return bpf_map_lookup_elem(&cc_stats, &key);
+}
+
+/* Initial value of a cgroup_stats entry: in .bss, since 280 bytes would crowd the 512-byte stack. */
+static struct cgroup_stats zero_cgroup_stats;
+
+/* The stats slot of a cgroup; cgroups beyond the map's capacity share CCSCOPE_CGROUP_OTHER. */
+static __always_inline struct cgroup_stats *cgroup_stats_for(__u64 cgroup_id)
+{
+	__u64 other = CCSCOPE_CGROUP_OTHER;
+	struct cgroup_stats *stats;
+
+	stats = bpf_map_lookup_elem(&cgroup_stats, &cgroup_id);
+	if (stats)
+		return stats;
+	if (bpf_map_update_elem(&cgroup_stats, &cgroup_id, &zero_cgroup_stats, BPF_NOEXIST) == 0 ||
+	    cgroup_id == other) {
+		stats = bpf_map_lookup_elem(&cgroup_stats, &cgroup_id);
+		if (stats)
+			return stats;
+	}
+	return bpf_map_lookup_elem(&cgroup_stats, &other);
+}
+
+/*
+ * The socket's cgroup v2 id, set when the socket was created (accepted
+ * sockets inherit their listener's). 0 when this kernel keeps none.
+ */
+static __always_inline __u64 socket_cgroup_id(const struct sock *sk)
+{
+	struct cgroup *cgrp;
+
+	if (!bpf_core_field_exists(sk->sk_cgrp_data))
+		return 0;
+	if (bpf_core_field_exists(sk->sk_cgrp_data.cgroup)) {
+		cgrp = BPF_CORE_READ(sk, sk_cgrp_data.cgroup);
+	} else {
+		struct sock_cgroup_data___old *old = (void *)&sk->sk_cgrp_data;
+		__u64 val = BPF_CORE_READ(old, val);
+
+		if (val & 1) /* net_cls/net_prio data, not a cgroup pointer */
+			return 0;
+		cgrp = (struct cgroup *)val;
+	}
+	return cgrp ? BPF_CORE_READ(cgrp, kn, id) : 0;
+}
+
+static __always_inline void current_owner(struct owner *o)
+{
+	o->tgid = bpf_get_current_pid_tgid() >> 32;
+	bpf_get_current_comm(o->comm, sizeof(o->comm));
+}
+
+static __always_inline struct listener_key listener_of(const struct sock *sk)
+{
+	struct listener_key key = {};
+
+	key.netns = BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum);
+	key.port = sk->__sk_common.skc_num;
+	return key;
+}
+
+/* Owner of a new flow: its connect() record, else (accepted) its listener's, else none. */
+static __always_inline void attribute(struct flow *f, const struct sock *sk, __u64 cookie)
+{
+	struct listener_key key;
+	struct owner *o;
+
+	f->cgroup_id = socket_cgroup_id(sk);
+	o = bpf_map_lookup_elem(&owners, &cookie);
+	if (!o) {
+		key = listener_of(sk);
+		o = bpf_map_lookup_elem(&listeners, &key);
+	}
+	if (o) {
+		f->tgid = o->tgid;
+		__builtin_memcpy(f->comm, o->comm, CCSCOPE_COMM_LEN);
+	}
 }
 
 static __always_inline void read_ca_name(struct tcp_sock *tp, char *dst)
@@ -219,7 +333,8 @@ static __always_inline void emit(const struct flow *f, __u8 event, const struct 
 	count(CCSCOPE_CNT_SAMPLES);
 }
 
-static __always_inline struct flow *create_flow(struct sock *sk, struct tcp_sock *tp, __u64 cookie, __u64 now)
+static __always_inline struct flow *create_flow(struct sock *sk, struct tcp_sock *tp, __u64 cookie, __u64 now,
+						const struct config *cfg)
 {
 	struct flow f = {};
 	struct cc_stats *stats;
@@ -238,6 +353,7 @@ static __always_inline struct flow *create_flow(struct sock *sk, struct tcp_sock
 		__builtin_memcpy(f.daddr, (const void *)&sk->__sk_common.skc_daddr, 4);
 	}
 	read_ca_name(tp, f.ca_name);
+	attribute(&f, sk, cookie);
 	if (bpf_map_update_elem(&flows, &cookie, &f, BPF_NOEXIST) != 0) {
 		count(CCSCOPE_CNT_FLOW_MAP_FULL);
 		return 0;
@@ -246,6 +362,12 @@ static __always_inline struct flow *create_flow(struct sock *sk, struct tcp_sock
 	stats = cc_stats_for(f.ca_name);
 	if (stats)
 		__sync_fetch_and_add(&stats->flows, 1);
+	if (cfg->cgroup_stats) {
+		struct cgroup_stats *cg = cgroup_stats_for(f.cgroup_id);
+
+		if (cg)
+			__sync_fetch_and_add(&cg->flows, 1);
+	}
 	return bpf_map_lookup_elem(&flows, &cookie);
 }
 
@@ -271,6 +393,7 @@ int BPF_PROG(tcp_probe, struct sock *sk, const struct sk_buff *skb)
 	struct config *cfg;
 	struct flow *f;
 	__u64 now, interval_ns, mstamp_ns;
+	__u32 queue_us;
 
 	count(CCSCOPE_CNT_PROBE_EVENTS);
 	if (!tp)
@@ -300,16 +423,21 @@ int BPF_PROG(tcp_probe, struct sock *sk, const struct sk_buff *skb)
 	gate->cookie = cookie;
 	gate->next_us = (now + interval_ns) / 1000;
 	if (!f) {
-		f = create_flow(sk, tp, cookie, now);
+		f = create_flow(sk, tp, cookie, now, cfg);
 		if (!f)
 			return 0;
 	}
 	refresh(f, sk, tp, now);
 	observe(f->ca_name, CCSCOPE_HIST_SRTT, f->srtt_us);
-	if (f->min_rtt_us && f->min_rtt_us != ~0U && f->srtt_us > f->min_rtt_us)
-		observe(f->ca_name, CCSCOPE_HIST_QUEUE_DELAY, f->srtt_us - f->min_rtt_us);
-	else
-		observe(f->ca_name, CCSCOPE_HIST_QUEUE_DELAY, 0);
+	queue_us = f->min_rtt_us && f->min_rtt_us != ~0U && f->srtt_us > f->min_rtt_us ?
+		   f->srtt_us - f->min_rtt_us : 0;
+	observe(f->ca_name, CCSCOPE_HIST_QUEUE_DELAY, queue_us);
+	if (cfg->cgroup_stats) {
+		struct cgroup_stats *cg = cgroup_stats_for(f->cgroup_id);
+
+		if (cg)
+			hist_add(&cg->queue_delay, queue_us);
+	}
 	emit(f, CCSCOPE_EV_PROBE, cfg);
 	return 0;
 }
@@ -321,7 +449,9 @@ int BPF_PROG(tcp_retransmit_skb, const struct sock *sk, const struct sk_buff *sk
 	struct flow *f = bpf_map_lookup_elem(&flows, &cookie);
 	struct tcp_sock *tp = bpf_skc_to_tcp_sock((void *)sk);
 	char ca_name[CCSCOPE_CA_NAME_LEN] = {};
+	struct cgroup_stats *cg;
 	struct cc_stats *stats;
+	struct config *cfg;
 
 	count(CCSCOPE_CNT_RETRANSMIT_EVENTS);
 	if (f)
@@ -332,7 +462,34 @@ int BPF_PROG(tcp_retransmit_skb, const struct sock *sk, const struct sk_buff *sk
 	stats = cc_stats_for(ca_name);
 	if (stats)
 		__sync_fetch_and_add(&stats->retransmits, 1);
+	cfg = get_config();
+	if (cfg && cfg->cgroup_stats) {
+		cg = cgroup_stats_for(f ? f->cgroup_id : socket_cgroup_id(sk));
+		if (cg)
+			__sync_fetch_and_add(&cg->retransmits, 1);
+	}
 	return 0;
+}
+
+/*
+ * connect() and listen() set these states from the calling task (tcp_v4_connect,
+ * inet_csk_listen_start), so `current` is the socket's owner here; an accepted
+ * socket reaches its states in softirq and is attributed through its listener.
+ */
+static __always_inline void record_owner(const struct sock *sk, int newstate)
+{
+	struct owner o = {};
+	__u64 cookie;
+
+	current_owner(&o);
+	if (newstate == TCP_LISTEN) {
+		struct listener_key key = listener_of(sk);
+
+		bpf_map_update_elem(&listeners, &key, &o, BPF_ANY);
+		return;
+	}
+	cookie = bpf_get_socket_cookie((void *)sk);
+	bpf_map_update_elem(&owners, &cookie, &o, BPF_ANY);
 }
 
 SEC("tp_btf/inet_sock_set_state")
@@ -342,9 +499,20 @@ int BPF_PROG(inet_sock_set_state, const struct sock *sk, const int oldstate, con
 	struct flow *f;
 	struct tcp_sock *tp;
 
+	if (newstate == TCP_SYN_SENT || newstate == TCP_LISTEN) {
+		record_owner(sk, newstate);
+		return 0;
+	}
 	if (newstate != TCP_CLOSE)
 		return 0;
 	cookie = bpf_get_socket_cookie((void *)sk);
+	if (oldstate == TCP_LISTEN) {
+		struct listener_key key = listener_of(sk);
+
+		bpf_map_delete_elem(&listeners, &key);
+		return 0;
+	}
+	bpf_map_delete_elem(&owners, &cookie);
 	f = bpf_map_lookup_elem(&flows, &cookie);
 	if (!f) /* only flows tcp_probe has seen are tracked */
 		return 0;

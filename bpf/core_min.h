@@ -46,9 +46,32 @@ struct sock_common {
 	struct in6_addr skc_v6_rcv_saddr;
 };
 
+struct kernfs_node {
+	__u64 id; /* u64 since 5.5: the cgroup id, and the inode number of its directory */
+};
+
+struct cgroup {
+	struct kernfs_node *kn;
+};
+
+/* 5.15+: a plain pointer to the socket's cgroup v2 cgroup. */
+struct sock_cgroup_data {
+	struct cgroup *cgroup;
+};
+
+/*
+ * Before 5.15: a union whose u64 `val` is the cgroup pointer, or (lowest bit
+ * set) net_cls/net_prio data when cgroup v1 controllers claimed the socket.
+ * CO-RE finds `val` inside the anonymous union.
+ */
+struct sock_cgroup_data___old {
+	__u64 val;
+};
+
 struct sock {
 	struct sock_common __sk_common;
 	unsigned long sk_pacing_rate;
+	struct sock_cgroup_data sk_cgrp_data;
 };
 
 struct inet_sock {

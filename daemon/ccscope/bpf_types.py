@@ -9,6 +9,8 @@ from collections import namedtuple
 
 CA_NAME_LEN = 16
 HIST_SLOTS = 32
+COMM_LEN = 16
+CGROUP_OTHER = 0
 
 u8, u16, u32, u64 = ctypes.c_uint8, ctypes.c_uint16, ctypes.c_uint32, ctypes.c_uint64
 
@@ -74,7 +76,19 @@ class Flow(ctypes.Structure):
         ("rate_interval_us", u32),
         ("retransmit_events", u32),
         ("ca_name", ctypes.c_char * CA_NAME_LEN),
+        ("cgroup_id", u64),
+        ("tgid", u32),
+        ("__pad1", u32),
+        ("comm", ctypes.c_char * COMM_LEN),
     ]
+
+
+class Owner(ctypes.Structure):
+    _fields_ = [("tgid", u32), ("__pad0", u32), ("comm", ctypes.c_char * COMM_LEN)]
+
+
+class ListenerKey(ctypes.Structure):
+    _fields_ = [("netns", u32), ("port", u16), ("__pad0", u16)]
 
 
 class CcKey(ctypes.Structure):
@@ -93,8 +107,12 @@ class Hist(ctypes.Structure):
     _fields_ = [("slots", u64 * HIST_SLOTS), ("sum_us", u64)]
 
 
+class CgroupStats(ctypes.Structure):
+    _fields_ = [("flows", u64), ("retransmits", u64), ("queue_delay", Hist)]
+
+
 class Config(ctypes.Structure):
-    _fields_ = [("sample_interval_ns", u64), ("emit_samples", u32), ("__pad0", u32)]
+    _fields_ = [("sample_interval_ns", u64), ("emit_samples", u32), ("cgroup_stats", u32)]
 
 
 def _struct_format(cls: type[ctypes.Structure]) -> str:
@@ -126,5 +144,8 @@ SHARED_STRUCTS: dict[str, type[ctypes.Structure]] = {
     "cc_stats": CcStats,
     "hist_key": HistKey,
     "hist": Hist,
+    "owner": Owner,
+    "listener_key": ListenerKey,
+    "cgroup_stats": CgroupStats,
     "config": Config,
 }

@@ -95,6 +95,8 @@ class ProbeOptions:
     ringbuf_bytes: int = 4 << 20
     sample_interval_ns: int = 10_000_000
     emit_samples: bool = False
+    cgroup_stats: bool = False  # host aggregates by cgroup (cgroup_stats map)
+    max_cgroups: int = 256      # cgroups with their own aggregates; the rest share CGROUP_OTHER
 
 
 class TelemetryProbe:
@@ -135,15 +137,18 @@ class TelemetryProbe:
         if lib.bpf_object__load(self._obj) != 0:
             raise BpfError(f"kernel rejected the BPF programs: {self._libbpf_reason()}",
                            "run `ccscope check` to see what this kernel lacks")
-        for name in ("flows", "samples", "cc_stats", "hists", "counters", "config"):
+        for name in ("flows", "samples", "cc_stats", "hists", "counters", "config", "cgroup_stats"):
             self._maps[name] = lib.bpf_map__fd(lib.bpf_object__find_map_by_name(self._obj, name.encode()))
+        self._reserve_other_cgroup()
         self.set_config(self.options.sample_interval_ns, self.options.emit_samples)
         for name in PROGRAMS:
             self._attach(name)
 
     def _size_maps(self) -> None:
         lib = self.libbpf.lib
-        sizes = {"flows": self.options.max_flows, "samples": _ringbuf_size(self.options.ringbuf_bytes)}
+        sizes = {"flows": self.options.max_flows, "owners": self.options.max_flows,
+                 "samples": _ringbuf_size(self.options.ringbuf_bytes),
+                 "cgroup_stats": self.options.max_cgroups + 1}
         for name, size in sizes.items():
             bpf_map = lib.bpf_object__find_map_by_name(self._obj, name.encode())
             if not bpf_map or lib.bpf_map__set_max_entries(bpf_map, size) != 0:
@@ -180,8 +185,15 @@ class TelemetryProbe:
 
     # --- configuration -------------------------------------------------------
 
+    def _reserve_other_cgroup(self) -> None:
+        """The `other` slot exists before any cgroup can fill the map, so overflow always has a home."""
+        key, value = ctypes.c_uint64(bt.CGROUP_OTHER), bt.CgroupStats()
+        self._check(self.libbpf.lib.bpf_map_update_elem(
+            self._maps["cgroup_stats"], ctypes.byref(key), ctypes.byref(value), 0), "reserve cgroup_stats other")
+
     def set_config(self, sample_interval_ns: int, emit_samples: bool) -> None:
-        cfg = bt.Config(sample_interval_ns=sample_interval_ns, emit_samples=int(emit_samples))
+        cfg = bt.Config(sample_interval_ns=sample_interval_ns, emit_samples=int(emit_samples),
+                        cgroup_stats=int(self.options.cgroup_stats))
         key = ctypes.c_uint32(0)
         self._check(self.libbpf.lib.bpf_map_update_elem(
             self._maps["config"], ctypes.byref(key), ctypes.byref(cfg), 0), "update config")
@@ -224,6 +236,15 @@ class TelemetryProbe:
             (_cstr(key.name), bt.HistKind(key.kind)): value
             for key, value in self._iterate("hists", bt.HistKey, bt.Hist)
         }
+
+    def cgroup_stats(self) -> dict[int, bt.CgroupStats]:
+        """cgroup id -> its aggregates; key bt.CGROUP_OTHER holds the cgroups beyond --max-cgroups."""
+        return {key.value: value for key, value in self._iterate("cgroup_stats", ctypes.c_uint64, bt.CgroupStats)}
+
+    def delete_cgroup(self, cgroup_id: int) -> None:
+        """Frees an expired cgroup's slot for a new one."""
+        key = ctypes.c_uint64(cgroup_id)
+        self.libbpf.lib.bpf_map_delete_elem(self._maps["cgroup_stats"], ctypes.byref(key))
 
     def counters(self) -> dict[bt.Counter, int]:
         fd = self._maps["counters"]
