@@ -16,7 +16,8 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from . import __version__, check
-from .errors import CcscopeError, UsageError
+from .attribution import Attribution, Attributor, LabelOptions
+from .errors import CcscopeError, PrerequisiteError, UsageError
 from .exporter import FlowCollector
 from .flows import FlowFilter, FlowRecord, FlowSelection, FlowTable, decode, monotonic_ns
 from .loader import ProbeOptions, TelemetryProbe
@@ -59,10 +60,34 @@ def _add_filters(parser: argparse.ArgumentParser) -> None:
                         help="only flows with this local or remote port")
     parser.add_argument("--cidr", action="append", default=[], metavar="CIDR",
                         help="only flows with an address in this network")
+    parser.add_argument("--comm", action="append", default=[], metavar="NAME",
+                        help="only flows of processes with this name (at connect, or at listen if accepted)")
+    parser.add_argument("--cgroup", action="append", default=[], metavar="PREFIX",
+                        help="only flows of sockets in this cgroup or below (path as in /proc/PID/cgroup)")
+    parser.add_argument("--cgroup-root", metavar="DIR",
+                        help="cgroup v2 mount to resolve cgroup ids in (default: from /proc/mounts)")
+    parser.add_argument("--pod-logs", metavar="DIR",
+                        help="kubelet pod log directory, for pod names and namespaces (default /var/log/pods)")
 
 
-def _filter(args: argparse.Namespace) -> FlowFilter:
-    return FlowFilter.parse(args.netns, args.port, args.cidr)
+def _filter(args: argparse.Namespace, attributor: Attributor | None = None) -> FlowFilter:
+    flow_filter = FlowFilter.parse(args.netns, args.port, args.cidr, args.comm, args.cgroup)
+    if flow_filter.cgroups:
+        if attributor is None:
+            raise PrerequisiteError("--cgroup needs the cgroup v2 hierarchy, and none is mounted",
+                                    "mount cgroup2, or point --cgroup-root at it")
+        flow_filter.cgroup_path = attributor.resolver.path
+    return flow_filter
+
+
+def _attributor(args: argparse.Namespace, required: bool, cgroup_depth: int = 0) -> Attributor | None:
+    """cgroup/container/pod attribution; best effort (None) for display unless labels or filters need it."""
+    try:
+        return Attributor.open(args.cgroup_root, args.pod_logs, cgroup_depth)
+    except PrerequisiteError:
+        if required or args.cgroup:
+            raise
+        return None
 
 
 def _probe_options(args: argparse.Namespace, emit_samples: bool) -> ProbeOptions:
@@ -86,17 +111,24 @@ def _add_probe_flags(parser: argparse.ArgumentParser) -> None:
 def cmd_daemon(args: argparse.Namespace) -> int:
     host, port = parse_listen(args.listen)
     selection = FlowSelection.parse(args.flows)
-    flow_filter = _filter(args)
     grace = parse_duration("--grace", args.grace, 0.0, 3600.0)
     if bool(args.tls_cert) != bool(args.tls_key):
         raise UsageError("--tls-cert and --tls-key go together")
     tls = (Path(args.tls_cert), Path(args.tls_key)) if args.tls_cert else None
     users = load_basic_auth(Path(args.basic_auth_file)) if args.basic_auth_file else None
+    labels = LabelOptions.parse(args.labels, args.cgroup_depth)
+    if not 1 <= args.max_cgroups <= 100_000:
+        raise UsageError(f"--max-cgroups {args.max_cgroups} is out of range 1..100000")
+    attributor = _attributor(args, labels.needs_cgroups, labels.cgroup_depth) \
+        if labels.needs_cgroups or args.cgroup else None
+    flow_filter = _filter(args, attributor)
     options = _probe_options(args, emit_samples=False)
+    options.cgroup_stats, options.max_cgroups = labels.needs_cgroups, args.max_cgroups
     stop = _stop_event()
     with TelemetryProbe(options) as probe:
         table = FlowTable(probe, grace_s=grace)
-        collector = FlowCollector(table, selection, flow_filter)
+        collector = FlowCollector(table, selection, flow_filter, labels,
+                                  attributor if labels.needs_cgroups else None)
         registry = CollectorRegistry()
         registry.register(collector)
         server = MetricsServer(registry, host, port, tls=tls, basic_auth=users)
@@ -105,7 +137,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
               f"(flows {args.flows}); Ctrl-C to stop", file=sys.stderr, flush=True)
         try:
             while not stop.wait(max(0.5, min(grace / 2, 5.0))):
-                table.snapshot()  # expires closed flows even when nobody scrapes
+                collector.maintain()  # expires closed flows and deleted cgroups even when nobody scrapes
         finally:
             server.close()
     print("ccscope: detached", file=sys.stderr)
@@ -132,6 +164,17 @@ def _bytes(count: int) -> str:
     return str(count)
 
 
+def _fit(text: str, width: int) -> str:
+    """Long cgroup paths keep their informative end."""
+    return text if len(text) <= width else "…" + text[-(width - 1):]
+
+
+def _workload(attribution: Attribution) -> str:
+    if attribution.pod:
+        return _fit(f"{attribution.namespace}/{attribution.pod}", 36)
+    return _fit(attribution.cgroup, 36) if attribution.cgroup else "-"
+
+
 FLOW_COLUMNS: tuple[tuple[str, str, Callable[[FlowRecord], str]], ...] = (
     ("FLOW", "<44", lambda f: f.name),
     ("NETNS", ">10", lambda f: str(f.netns)),
@@ -145,18 +188,33 @@ FLOW_COLUMNS: tuple[tuple[str, str, Callable[[FlowRecord], str]], ...] = (
     ("PACING", ">9", lambda f: _rate(f.pacing_rate_Bps)),
     ("BYTES", ">7", lambda f: _bytes(f.bytes_total)),
     ("RETRANS", ">7", lambda f: str(f.retransmits)),
+    ("COMM", "<15", lambda f: f.comm or "-"),
 )
 
 
-def format_flows(flows: list[FlowRecord]) -> str:
-    header = "  ".join(f"{title:{spec}}" for title, spec, _ in FLOW_COLUMNS)
-    rows = ["  ".join(f"{get(f):{spec}}" for _, spec, get in FLOW_COLUMNS) for f in flows]
+def format_flows(flows: list[FlowRecord], attributor: Attributor | None = None) -> str:
+    def workload(flow: FlowRecord) -> str:
+        return _workload(attributor(flow.cgroup_id)) if attributor else "-"
+
+    columns = (*FLOW_COLUMNS, ("CGROUP/POD", "<36", workload))
+    header = "  ".join(f"{title:{spec}}" for title, spec, _ in columns).rstrip()
+    rows = ["  ".join(f"{get(f):{spec}}" for _, spec, get in columns).rstrip() for f in flows]
     return "\n".join([header, *rows])
+
+
+def _attributed(flow: FlowRecord, attributor: Attributor | None) -> dict:
+    """as_dict() plus the cgroup path, container and pod (empty where unknown)."""
+    data = flow.as_dict()
+    found = attributor(flow.cgroup_id) if attributor else Attribution()
+    data.update(cgroup=found.cgroup, container=found.container, pod=found.pod, namespace=found.namespace,
+                pod_uid=found.pod_uid)
+    return data
 
 
 def cmd_flows(args: argparse.Namespace) -> int:
     interval = parse_duration("--interval", args.interval, 0.1, 3600.0)
-    flow_filter = _filter(args)
+    attributor = _attributor(args, required=False)
+    flow_filter = _filter(args, attributor)
     stop = _stop_event()
     live = sys.stdout.isatty() and not args.once
     with TelemetryProbe(_probe_options(args, emit_samples=False)) as probe:
@@ -167,13 +225,15 @@ def cmd_flows(args: argparse.Namespace) -> int:
             flows = [f for f in table.snapshot() if flow_filter.matches(f) and not f.closed_ns]
             flows.sort(key=SORT_KEYS[args.sort], reverse=True)
             shown = flows[: args.limit]
+            if attributor:
+                attributor.refresh()
             if args.json:
-                print(json.dumps([f.as_dict() for f in shown]), flush=True)
+                print(json.dumps([_attributed(f, attributor) for f in shown]), flush=True)
             else:
                 if live:
                     print("\033[H\033[2J", end="")
                 print(f"{len(flows)} flows, sorted by {args.sort} "
-                      f"({time.strftime('%H:%M:%S')})\n{format_flows(shown)}", flush=True)
+                      f"({time.strftime('%H:%M:%S')})\n{format_flows(shown, attributor)}", flush=True)
             if args.once or stop.wait(interval):
                 return 0
 
@@ -181,10 +241,10 @@ def cmd_flows(args: argparse.Namespace) -> int:
 # --- trace -----------------------------------------------------------------------------------------
 
 
-def _trace_line(flow: FlowRecord, wall_offset: float, as_json: bool) -> str:
+def _trace_line(flow: FlowRecord, wall_offset: float, as_json: bool, attributor: Attributor | None = None) -> str:
     wall = flow.last_ns / 1e9 + wall_offset
     if as_json:
-        data = flow.as_dict()
+        data = _attributed(flow, attributor)
         data["time"] = round(wall, 6)
         data["event"] = {1: "probe", 2: "retransmit", 3: "close"}.get(flow.event, str(flow.event))
         return json.dumps(data)
@@ -197,7 +257,8 @@ def cmd_trace(args: argparse.Namespace) -> int:
     duration = parse_duration("--duration", args.duration, 0.0, 30 * 86400) if args.duration else None
     if args.count is not None and args.count < 1:
         raise UsageError("--count must be at least 1")
-    flow_filter = _filter(args)
+    attributor = _attributor(args, required=False)
+    flow_filter = _filter(args, attributor)
     stop = _stop_event()
     wall_offset = time.time() - monotonic_ns() / 1e9
     emitted = 0
@@ -208,7 +269,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
         flow = decode(raw)
         if not flow_filter.matches(flow) or stop.is_set():
             return
-        pending.append(_trace_line(flow, wall_offset, args.json))
+        pending.append(_trace_line(flow, wall_offset, args.json, attributor))
         emitted += 1
         if args.count is not None and emitted >= args.count:
             stop.set()
@@ -220,6 +281,8 @@ def cmd_trace(args: argparse.Namespace) -> int:
         try:
             while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
                 ring.poll(100)
+                if attributor:
+                    attributor.refresh()
                 if pending and not _write_lines(pending):
                     break
                 pending.clear()
@@ -284,6 +347,14 @@ def build_parser() -> argparse.ArgumentParser:
     daemon.add_argument("--tls-cert", help="serve HTTPS with this certificate (PEM)")
     daemon.add_argument("--tls-key", help="private key for --tls-cert (PEM)")
     daemon.add_argument("--basic-auth-file", help="require basic auth; file of user:sha256(password) lines")
+    daemon.add_argument("--labels", metavar="LIST",
+                        help="attribution labels on per-flow series, any of comm,cgroup,container,pod "
+                             "(default none); cgroup, container and pod also add host aggregates by cgroup")
+    daemon.add_argument("--cgroup-depth", type=int, default=0, metavar="N",
+                        help="keep the first N components of cgroup paths in the cgroup label (default 0: all)")
+    daemon.add_argument("--max-cgroups", type=int, default=256, metavar="N",
+                        help="cgroups with their own host aggregates; the rest share cgroup=\"other\" "
+                             "(default 256)")
     _add_probe_flags(daemon)
     _add_filters(daemon)
     daemon.set_defaults(func=cmd_daemon)

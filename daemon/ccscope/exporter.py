@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector
 
 from . import __version__
 from . import bpf_types as bt
+from .attribution import OTHER, Attribution, Attributor, LabelOptions
 from .flows import CA_STATES, FlowFilter, FlowRecord, FlowSelection, FlowTable
 
 FLOW_LABELS = ("netns", "flow", "src", "sport", "dst", "dport", "cc", "scenario", "profile", "algorithm", "run")
@@ -79,12 +80,16 @@ def histogram_buckets(hist: bt.Hist) -> list[tuple[str, float]]:
 class FlowCollector(Collector):
     """Collect-on-scrape view of the kernel maps."""
 
-    def __init__(self, table: FlowTable, selection: FlowSelection, flow_filter: FlowFilter | None = None) -> None:
+    def __init__(self, table: FlowTable, selection: FlowSelection, flow_filter: FlowFilter | None = None,
+                 labels: LabelOptions | None = None, attributor: Attributor | None = None) -> None:
         self.table = table
         self.selection = selection
         self.filter = flow_filter or FlowFilter()
+        self.labels = labels or LabelOptions()
+        self.attributor = attributor  # set when labels need cgroups
+        self.flow_label_names = FLOW_LABELS + self.labels.flow_labels
         self._netns_labels: dict[int, dict[str, str]] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # scenario labels, and the attributor (scrape thread and maintain())
         self.last_scrape_s = 0.0
         self.exported_flows = 0
 
@@ -99,24 +104,35 @@ class FlowCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         started = time.perf_counter()
         flows = self.table.snapshot()
+        if self.attributor:
+            with self._lock:
+                self.attributor.refresh()
         selected = self.selection.pick([f for f in flows if self.filter.matches(f)])
         self.exported_flows = len(selected)
         yield from self._flow_metrics(selected)
         yield from self._host_metrics(flows)
+        if self.attributor:
+            with self._lock:
+                cgroup_metrics = list(self._cgroup_metrics(flows))
+            yield from cgroup_metrics
         yield from self._health_metrics()
         self.last_scrape_s = time.perf_counter() - started
         yield from self._scrape_metric()
 
     def _flow_labels(self, flow: FlowRecord) -> list[str]:
         extra = self._netns_labels.get(flow.netns, {})
-        return [str(flow.netns), flow.name, flow.src, str(flow.sport), flow.dst, str(flow.dport), flow.cc,
-                *(extra.get(k, "") for k in SCENARIO_LABELS)]
+        values = [str(flow.netns), flow.name, flow.src, str(flow.sport), flow.dst, str(flow.dport), flow.cc,
+                  *(extra.get(k, "") for k in SCENARIO_LABELS)]
+        if self.labels.enabled:
+            attribution = self.attributor(flow.cgroup_id) if self.attributor else Attribution()
+            values.extend(self.labels.values(attribution, flow.comm))
+        return values
 
     def _flow_metrics(self, flows: list[FlowRecord]) -> Iterator[Metric]:
         with self._lock:
             labels = [self._flow_labels(f) for f in flows]
         for name, help_text, kind, getter in FLOW_METRICS:
-            family = _family(name, help_text, kind, FLOW_LABELS)
+            family = _family(name, help_text, kind, self.flow_label_names)
             for flow, values in zip(flows, labels, strict=True):
                 value = getter(flow)
                 if value is not None:
@@ -153,6 +169,64 @@ class FlowCollector(Collector):
                 if hist_kind == kind:
                     family.add_metric([cc], histogram_buckets(hist), sum_value=hist.sum_us / 1e6)
             yield family
+
+    def maintain(self) -> None:
+        """Between scrapes: expire closed flows, and follow cgroup deletions so they expire on time."""
+        flows = self.table.snapshot()
+        if self.attributor:
+            with self._lock:
+                self.attributor.refresh()
+                self._expire_cgroups(flows, self.table.probe.cgroup_stats())
+
+    def _expire_cgroups(self, flows: list[FlowRecord], stats: dict[int, bt.CgroupStats]) -> None:
+        """Deleted cgroups no flow refers to any more leave the kernel map after --grace: their series vanish
+        as closed flows' do, and their slots go to new cgroups."""
+        for cgroup_id in self.attributor.expired(self.table.grace_ns / 1e9, {f.cgroup_id for f in flows}):
+            if cgroup_id in stats and cgroup_id != bt.CGROUP_OTHER:
+                self.table.probe.delete_cgroup(cgroup_id)
+                del stats[cgroup_id]
+
+    def _cgroup_metrics(self, flows: list[FlowRecord]) -> Iterator[Metric]:
+        """Host aggregates by cgroup, kernel-side bounded by --max-cgroups (the rest in cgroup="other")."""
+        attributor = self.attributor
+        stats = self.table.probe.cgroup_stats()
+        self._expire_cgroups(flows, stats)
+        names = self.labels.group_labels
+        other = tuple(OTHER if n == "cgroup" else "" for n in names)
+
+        def group(cgroup_id: int) -> tuple[str, ...]:
+            if cgroup_id == bt.CGROUP_OTHER or cgroup_id not in stats:
+                return other
+            attribution = attributor(cgroup_id)
+            return self.labels.group_values(attribution) if attribution.cgroup else other
+
+        merged: dict[tuple[str, ...], list] = {}
+        for cgroup_id, value in stats.items():
+            entry = merged.setdefault(group(cgroup_id), [0, 0, [0] * bt.HIST_SLOTS, 0])
+            entry[0] += value.flows
+            entry[1] += value.retransmits
+            entry[2] = [a + b for a, b in zip(entry[2], value.queue_delay.slots, strict=True)]
+            entry[3] += value.queue_delay.sum_us
+        open_flows = Tally(group(f.cgroup_id) for f in flows if not f.closed_ns)
+        current = GaugeMetricFamily("ccscope_cgroup_flows", "Tracked open TCP flows by cgroup.", labels=names)
+        started = CounterMetricFamily("ccscope_cgroup_flows_started", "TCP flows first seen, by cgroup.",
+                                      labels=names)
+        retrans = CounterMetricFamily("ccscope_cgroup_retransmits", "Retransmitted segments, by cgroup.",
+                                      labels=names)
+        delay = HistogramMetricFamily("ccscope_cgroup_queueing_delay_seconds",
+                                      "srtt - min_rtt of the cgroup's flows, observed once per sample interval "
+                                      "per flow.", labels=names)
+        for key in sorted(set(merged) | set(open_flows)):
+            flows_started, retransmits, slots, sum_us = merged.get(key, (0, 0, [0] * bt.HIST_SLOTS, 0))
+            current.add_metric(list(key), open_flows.get(key, 0))
+            started.add_metric(list(key), flows_started)
+            retrans.add_metric(list(key), retransmits)
+            delay.add_metric(list(key), histogram_buckets(bt.Hist(slots=(bt.u64 * bt.HIST_SLOTS)(*slots))),
+                             sum_value=sum_us / 1e6)
+        yield from (current, started, retrans, delay)
+        yield CounterMetricFamily("ccscope_cgroup_scans", "Walks of the cgroup hierarchy (start, misses, "
+                                  "inotify overflows); creations and deletions otherwise arrive by inotify.",
+                                  value=attributor.resolver.scans)
 
     def _health_metrics(self) -> Iterator[Metric]:
         counters = self.table.probe.counters()

@@ -8,7 +8,7 @@ import operator
 import socket
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from . import bpf_types as bt
@@ -64,6 +64,9 @@ class FlowRecord:
     last_ns: int
     closed_ns: int
     event: int = 0
+    tgid: int = 0       # process that connected, or listened for an accepted flow; 0 if unknown
+    comm: str = ""      # its name then
+    cgroup_id: int = 0  # cgroup v2 id of the socket; 0 if unknown
 
     @property
     def bytes_total(self) -> int:
@@ -146,7 +149,15 @@ def decode(flow: bt.Flow | bt.FlowTuple) -> FlowRecord:
         last_ns=flow.last_ns,
         closed_ns=flow.closed_ns,
         event=flow.event,
+        tgid=flow.tgid,
+        comm=_comm(flow.comm),
+        cgroup_id=flow.cgroup_id,
     )
+
+
+@functools.lru_cache(maxsize=4096)
+def _comm(raw: bytes) -> str:
+    return raw.split(b"\0", 1)[0].decode(errors="replace")
 
 
 @dataclass
@@ -156,9 +167,16 @@ class FlowFilter:
     netns: set[int] = field(default_factory=set)
     ports: set[int] = field(default_factory=set)
     cidrs: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = field(default_factory=list)
+    comms: set[str] = field(default_factory=set)
+    cgroups: list[str] = field(default_factory=list)  # path prefixes, matched on whole components
+    cgroup_path: Callable[[int], str | None] | None = None  # cgroup id -> path; needed with `cgroups`
 
     def matches(self, flow: FlowRecord) -> bool:
         if self.netns and flow.netns not in self.netns:
+            return False
+        if self.comms and flow.comm not in self.comms:
+            return False
+        if self.cgroups and not self._in_cgroups(flow.cgroup_id):
             return False
         if self.ports and flow.sport not in self.ports and flow.dport not in self.ports:
             return False
@@ -167,12 +185,19 @@ class FlowFilter:
             return any(a.version == n.version and a in n for a in addrs for n in self.cidrs)
         return True
 
+    def _in_cgroups(self, cgroup_id: int) -> bool:
+        path = self.cgroup_path(cgroup_id) if self.cgroup_path and cgroup_id else None
+        return path is not None and any(path == p or path.startswith(p.rstrip("/") + "/") for p in self.cgroups)
+
     @classmethod
-    def parse(cls, netns: Iterable[str] = (), ports: Iterable[str] = (), cidrs: Iterable[str] = ()) -> FlowFilter:
+    def parse(cls, netns: Iterable[str] = (), ports: Iterable[str] = (), cidrs: Iterable[str] = (),
+              comms: Iterable[str] = (), cgroups: Iterable[str] = ()) -> FlowFilter:
         return cls(
             netns={_parse_int("--netns", v, 1, 2**32 - 1) for v in netns},
             ports={_parse_int("--port", v, 1, 65535) for v in ports},
             cidrs=[_parse_cidr(v) for v in cidrs],
+            comms={_parse_comm(v) for v in comms},
+            cgroups=[_parse_cgroup(v) for v in cgroups],
         )
 
 
@@ -184,6 +209,18 @@ def _parse_int(flag: str, value: str, low: int, high: int) -> int:
     if not low <= number <= high:
         raise UsageError(f"{flag} {value} is out of range {low}..{high}")
     return number
+
+
+def _parse_comm(value: str) -> str:
+    if not value or len(value.encode()) > bt.COMM_LEN - 1:
+        raise UsageError(f"--comm {value!r} is not a process name (1..{bt.COMM_LEN - 1} bytes, as in ps -o comm)")
+    return value
+
+
+def _parse_cgroup(value: str) -> str:
+    if not value.startswith("/"):
+        raise UsageError(f"--cgroup {value!r} is not a cgroup path like /system.slice or /kubepods.slice")
+    return value
 
 
 def _parse_cidr(value: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
