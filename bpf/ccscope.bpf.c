@@ -7,6 +7,7 @@
  *   tp_btf/tcp_retransmit_skb   retransmit counters per flow and per algorithm
  *   tp_btf/inet_sock_set_state  final values when a tracked flow reaches TCP_CLOSE;
  *                               the owning process at connect (SYN_SENT) and listen
+ *   iter/task_file              run once at start: owners of the sockets that already exist
  *
  * The hot path (tcp_probe between samples) is an inlined per-CPU array
  * access and a compare against the socket's own clock (tp->tcp_mstamp): no
@@ -24,6 +25,7 @@
 
 #define AF_INET 2
 #define AF_INET6 10
+#define SOCK_STREAM 1
 #define TCP_SYN_SENT 2
 #define TCP_CLOSE 7
 #define TCP_LISTEN 10
@@ -524,5 +526,54 @@ int BPF_PROG(inet_sock_set_state, const struct sock *sk, const int oldstate, con
 	f->closed_ns = now;
 	count(CCSCOPE_CNT_FLOWS_CLOSED);
 	emit(f, CCSCOPE_EV_CLOSE, get_config());
+	return 0;
+}
+
+/*
+ * Run once by the loader right after attaching: the sockets that existed
+ * before ccscope started never pass connect or listen again, so their owners
+ * are taken from the file tables instead (the process holding the socket; for
+ * an accepted socket, the process that accepted it). Records made since the
+ * attach are fresher and are kept (BPF_NOEXIST); a flow tcp_probe created in
+ * between gets its owner filled in.
+ */
+SEC("iter/task_file")
+int seed_owners(struct bpf_iter__task_file *ctx)
+{
+	struct task_struct *task = ctx->task;
+	struct file *file = ctx->file;
+	struct owner o = {};
+	struct socket *sock;
+	struct sock *sk;
+	struct flow *f;
+	__u64 cookie;
+	__u16 family;
+
+	if (!task || !file)
+		return 0;
+	sock = bpf_sock_from_file(file);
+	if (!sock || sock->type != SOCK_STREAM)
+		return 0;
+	sk = sock->sk;
+	if (!sk)
+		return 0;
+	family = sk->__sk_common.skc_family;
+	if (family != AF_INET && family != AF_INET6)
+		return 0;
+	o.tgid = task->tgid;
+	bpf_probe_read_kernel_str(o.comm, sizeof(o.comm), task->comm);
+	if (sk->__sk_common.skc_state == TCP_LISTEN) {
+		struct listener_key key = listener_of(sk);
+
+		bpf_map_update_elem(&listeners, &key, &o, BPF_NOEXIST);
+		return 0;
+	}
+	cookie = bpf_get_socket_cookie(sk);
+	bpf_map_update_elem(&owners, &cookie, &o, BPF_NOEXIST);
+	f = bpf_map_lookup_elem(&flows, &cookie);
+	if (f && !f->tgid) {
+		f->tgid = o.tgid;
+		__builtin_memcpy(f->comm, o.comm, CCSCOPE_COMM_LEN);
+	}
 	return 0;
 }

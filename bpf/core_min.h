@@ -74,6 +74,34 @@ struct sock {
 	struct sock_cgroup_data sk_cgrp_data;
 };
 
+struct socket {
+	short type;
+	struct sock *sk;
+};
+
+struct file;
+
+struct task_struct {
+	int tgid;
+	char comm[16];
+};
+
+struct bpf_iter_meta;
+
+/* The context of iter/task_file programs: every open file of every task. */
+struct bpf_iter__task_file {
+	union {
+		struct bpf_iter_meta *meta;
+	};
+	union {
+		struct task_struct *task;
+	};
+	__u32 fd;
+	union {
+		struct file *file;
+	};
+};
+
 struct inet_sock {
 	struct sock sk;
 };

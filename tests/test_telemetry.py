@@ -10,15 +10,25 @@ import socket
 import statistics
 import struct
 import subprocess
-import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from nethelpers import Link, Sink, connect, free_port, parse_metrics, tcp_info, wait_port
+from nethelpers import (
+    Daemon,
+    Link,
+    Sink,
+    cli,
+    connect,
+    daemon,
+    parse_metrics,
+    tcp_info,
+    values,
+    wait_for,
+    wait_port,
+)
 from prereqs import require_bpf_object, require_root, require_tools
 
 SO_COOKIE = 57
@@ -63,53 +73,6 @@ def cookie_of(sock: socket.socket) -> int:
     return struct.unpack("Q", sock.getsockopt(socket.SOL_SOCKET, SO_COOKIE, 8))[0]
 
 
-def cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "ccscope.cli", *args]
-
-
-class Daemon:
-    """A real `ccscope daemon` subprocess, scraped over HTTP like Prometheus would."""
-
-    def __init__(self, *args: str) -> None:
-        self.port = free_port()
-        self.proc = subprocess.Popen(cli("daemon", "--listen", f"127.0.0.1:{self.port}", *args),
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        line = self.proc.stderr.readline()  # "serving ..." once attached, or the one-line error
-        if "serving" not in line:
-            self.stop()
-            raise AssertionError(f"daemon did not start: {line}{self.proc.stderr.read()}")
-
-    def scrape_text(self) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as resp:
-            return resp.read().decode()
-
-    def scrape(self) -> list[tuple[str, dict[str, str], float]]:
-        return parse_metrics(self.scrape_text())
-
-    def stop(self, sig: int = signal.SIGTERM) -> tuple[int, str]:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        return self.proc.returncode, self.proc.stderr.read()
-
-
-@contextlib.contextmanager
-def daemon(*args: str) -> Iterator[Daemon]:
-    running = Daemon(*args)
-    try:
-        yield running
-    finally:
-        running.stop()
-
-
-def values(samples, name: str, **labels: str) -> list[float]:
-    return [v for n, lab, v in samples if n == name and all(lab.get(k) == x for k, x in labels.items())]
-
-
 class Trickle:
     """Live connections that exchange a few bytes every 20 ms, so tcp_probe keeps seeing them."""
 
@@ -137,15 +100,6 @@ class Trickle:
         self._thread.join(timeout=2)
         for sock in self.socks:
             sock.close()
-
-
-def wait_for(predicate, timeout: float = 10.0, step: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if result or time.monotonic() > deadline:
-            return result
-        time.sleep(step)
 
 
 # --- a real bulk flow, cross-checked with iperf3 -J ----------------------------------------------------------------

@@ -15,6 +15,7 @@ from .errors import BpfError, PrerequisiteError
 from .libbpf import Libbpf, RingBuffer
 
 PROGRAMS = ("tcp_probe", "tcp_retransmit_skb", "inet_sock_set_state")
+SEED_PROGRAM = "seed_owners"  # iter/task_file, run once after attaching; needs bpf_sock_from_file (5.11)
 TRACEPOINTS = {
     "tcp_probe": "tcp:tcp_probe",
     "tcp_retransmit_skb": "tcp:tcp_retransmit_skb",
@@ -109,6 +110,7 @@ class TelemetryProbe:
         self._links: list[int] = []
         self._maps: dict[str, int] = {}
         self._ncpus = 1
+        self.seeded = False  # whether owners of sockets older than the probe were looked up
 
     def __enter__(self) -> TelemetryProbe:
         try:
@@ -130,19 +132,53 @@ class TelemetryProbe:
         if btf_path() != DEFAULT_BTF:
             opts.btf_custom_path = btf_path().encode()
         path = str(object_path()).encode()
-        self._obj = lib.bpf_object__open_file(path, ctypes.byref(opts))
-        if not self._obj:
-            raise BpfError(f"cannot open BPF object {object_path()}: {self._libbpf_reason()}")
-        self._size_maps()
-        if lib.bpf_object__load(self._obj) != 0:
-            raise BpfError(f"kernel rejected the BPF programs: {self._libbpf_reason()}",
-                           "run `ccscope check` to see what this kernel lacks")
+        if not self._load(path, opts, seed=True):
+            reason = self._libbpf_reason()
+            lib.bpf_object__close(self._obj)
+            # Kernels before 5.11 lack bpf_sock_from_file: run without owners of pre-existing sockets.
+            if not self._load(path, opts, seed=False):
+                raise BpfError(f"kernel rejected the BPF programs: {reason}",
+                               "run `ccscope check` to see what this kernel lacks")
         for name in ("flows", "samples", "cc_stats", "hists", "counters", "config", "cgroup_stats"):
             self._maps[name] = lib.bpf_map__fd(lib.bpf_object__find_map_by_name(self._obj, name.encode()))
         self._reserve_other_cgroup()
         self.set_config(self.options.sample_interval_ns, self.options.emit_samples)
         for name in PROGRAMS:
             self._attach(name)
+        if self.seeded:
+            self._seed_owners()
+
+    def _load(self, path: bytes, opts: _OpenOpts, seed: bool) -> bool:
+        lib = self.libbpf.lib
+        self._obj = lib.bpf_object__open_file(path, ctypes.byref(opts))
+        if not self._obj:
+            raise BpfError(f"cannot open BPF object {object_path()}: {self._libbpf_reason()}")
+        if not seed:
+            lib.bpf_program__set_autoload(lib.bpf_object__find_program_by_name(self._obj, SEED_PROGRAM.encode()),
+                                          False)
+        self._size_maps()
+        self.seeded = seed
+        return lib.bpf_object__load(self._obj) == 0
+
+    def _seed_owners(self) -> None:
+        """One pass of the task_file iterator: owners of the sockets that were open before we attached."""
+        lib = self.libbpf.lib
+        link = lib.bpf_program__attach(lib.bpf_object__find_program_by_name(self._obj, SEED_PROGRAM.encode()))
+        if not link:
+            self.seeded = False
+            return
+        try:
+            fd = lib.bpf_iter_create(lib.bpf_link__fd(link))
+            if fd < 0:
+                self.seeded = False
+                return
+            try:
+                while os.read(fd, 1 << 16):
+                    pass
+            finally:
+                os.close(fd)
+        finally:
+            lib.bpf_link__destroy(link)
 
     def _size_maps(self) -> None:
         lib = self.libbpf.lib
