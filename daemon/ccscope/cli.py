@@ -352,9 +352,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "(default none); cgroup, container and pod also add host aggregates by cgroup")
     daemon.add_argument("--cgroup-depth", type=int, default=0, metavar="N",
                         help="keep the first N components of cgroup paths in the cgroup label (default 0: all)")
-    daemon.add_argument("--max-cgroups", type=int, default=256, metavar="N",
-                        help="cgroups with their own host aggregates; the rest share cgroup=\"other\" "
-                             "(default 256)")
+    daemon.add_argument("--max-cgroups", type=int, default=ProbeOptions.max_cgroups, metavar="N",
+                        help="cgroups with their own host aggregates; the rest are counted as \"other\" "
+                             f"(default {ProbeOptions.max_cgroups})")
     _add_probe_flags(daemon)
     _add_filters(daemon)
     daemon.set_defaults(func=cmd_daemon)

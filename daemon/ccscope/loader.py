@@ -97,7 +97,7 @@ class ProbeOptions:
     sample_interval_ns: int = 10_000_000
     emit_samples: bool = False
     cgroup_stats: bool = False  # host aggregates by cgroup (cgroup_stats map)
-    max_cgroups: int = 256      # cgroups with their own aggregates; the rest share CGROUP_OTHER
+    max_cgroups: int = 128      # cgroups with their own aggregates; the rest share CGROUP_OTHER
 
 
 class TelemetryProbe:

@@ -55,6 +55,14 @@ def test_bpf_object_loads_and_attaches_on_6_1(guest: dict) -> None:
     assert guest["kernel"]["probe_error"] is None
 
 
+def test_attribution_on_6_1(guest: dict) -> None:
+    """6.1's sock_cgroup_data (a cgroup pointer since 5.15) and the owner record, through the same object."""
+    need_probe(guest)
+    found = check(guest, "attribution")
+    assert found["seeded"], "the task_file iterator did not run on 6.1"
+    assert found["flow"] == [{"cgroup_id": found["cgroup_ino"], "tgid": found["pid"], "comm": found["comm"]}]
+
+
 def test_telemetry_matches_tcp_info_for_a_real_flow(guest: dict) -> None:
     need_probe(guest)
     core = check(guest, "core")
