@@ -20,7 +20,8 @@ def register(sub) -> None:
     sc.add_argument("--quick", action="store_true", help="the scenario's short variant (a first look in minutes)")
     sc.add_argument("--runs", type=int, help="repetitions of every profile x algorithm (randomized order)")
     sc.add_argument("--duration", help="bulk flow duration, whole seconds (e.g. 20s)")
-    sc.add_argument("--algorithms", help="comma-separated, replaces the scenario's list (e.g. cubic,bbr)")
+    sc.add_argument("--algorithms", help="comma-separated, replaces the scenario's list (e.g. cubic,bbr; "
+                                           "cubic+bbr for a competing set in one run)")
     sc.add_argument("--skip-unavailable", action="store_true",
                     help="run without algorithms this kernel lacks instead of failing")
     sc.add_argument("--out", help="output directory (default ./results/<scenario>-<timestamp>)")

@@ -162,8 +162,10 @@ def from_dict(data: dict, where: str, *, source: str = "", quick: bool = False, 
     if algorithms is not None:
         names = [a.strip() for a in algorithms.split(",") if a.strip()]
         if not names:
-            raise UsageError("--algorithms: give a comma-separated list such as reno,cubic,bbr")
-        data["algorithms"] = names
+            raise UsageError("--algorithms: give a comma-separated list such as reno,cubic,bbr "
+                             "(cubic+bbr: competing in one run)")
+        # "cubic+bbr" is a competing set, spelled as results and reports label it
+        data["algorithms"] = [name.split("+") if "+" in name else name for name in names]
         data["optional_algorithms"] = []
     return _build(data, where, source)
 

@@ -3,6 +3,11 @@
 Data always flows sender_ns -> receiver_ns (the `up` direction): iperf3 clients and the download server
 sit in the sender namespace, whose netns inode the BPF recorder watches. Every process has a deadline;
 the Testbed kills whatever is left when it closes.
+
+Every child writes its stdout and stderr to files in the run's log directory, never to a pipe: a pipe
+holds 64 KiB, and iperf3's -J -i 0.2 report of a 20 s flow is larger, so a child whose pipe is read only
+after it exits blocks on its last write until the deadline kills it, and its report is lost. The files
+stay in the results directory as the tools' own raw output.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -27,6 +33,7 @@ from .spec import Scenario
 IPERF_BASE_PORT = 5201
 FETCH_PORT = SHORT_FLOW_PORT  # a profile's `isolate` puts this port in the interactive queue
 START_SLACK_S = 15.0  # connect + JSON output beyond the flow's own duration
+POLL_S = 0.1
 
 
 @dataclass
@@ -50,6 +57,26 @@ class TrafficResult:
     ping_sent: int = 0
     downloads: list[dict] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Child:
+    """A process of the traffic phase, its output going to <log_dir>/<name>.out and .err."""
+
+    name: str
+    proc: subprocess.Popen
+    stdout_path: Path
+    stderr_path: Path
+
+    def output(self) -> tuple[str, str]:
+        return _read_text(self.stdout_path), _read_text(self.stderr_path)
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
 
 
 def planned_seconds(scenario: Scenario) -> float:
@@ -90,82 +117,121 @@ def _wait_listening(tb, ns: str, port: int, timeout: float = 5.0) -> None:
     raise CcscopeError(f"nothing listens on port {port} in {ns} after {timeout:g} s")
 
 
-def run_traffic(tb, scenario: Scenario, mix: tuple[str, ...], progress: Callable[[float], None]) -> TrafficResult:
-    result = TrafficResult()
-    t = scenario.traffic
-    flows = bulk_plan(scenario, mix)
-    result.bulk = flows
-    servers = []
-    for flow in flows:
-        servers.append(tb.popen(tb.receiver_ns, ["iperf3", "-s", "-1", "-p", str(flow.port)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-    fetch_server = None
-    if t.downloads is not None:
-        fetch_server = tb.popen(tb.sender_ns, [sys.executable, "-m", "ccscope.scenario.fetch", "serve",
-                                               "--port", str(FETCH_PORT), "--cc", mix[0]],
-                                env=_python_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+def spawn(tb, ns: str, name: str, argv: list[str], log_dir: Path, **kw) -> Child:
+    """Starts argv in `ns` with stdout and stderr going to files in log_dir (never a pipe)."""
+    stdout_path, stderr_path = log_dir / f"{name}.out", log_dir / f"{name}.err"
+    with stdout_path.open("wb") as out, stderr_path.open("wb") as err:
+        proc = tb.popen(ns, argv, stdout=out, stderr=err, **kw)
+    return Child(name, proc, stdout_path, stderr_path)
+
+
+def run_traffic(tb, scenario: Scenario, mix: tuple[str, ...], progress: Callable[[float], None],
+                log_dir: Path) -> TrafficResult:
+    """Servers up, then the timed phase (bulk flows at their offsets, ping, downloads), then parsing."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    result = TrafficResult(bulk=bulk_plan(scenario, mix))
+    servers = start_servers(tb, scenario, result.bulk, mix, log_dir)
+    try:
+        # ARP and the path are warm before anything is timed
+        tb.run(tb.sender_ns, ["ping", "-n", "-c", "1", "-W", "2", tb.receiver_addr], timeout=5)
+        clients = run_timed_phase(tb, scenario, result, log_dir, progress)
+    finally:
+        for server in servers:
+            stop(server.proc)
+    result.end_mono = time.clock_gettime(time.CLOCK_MONOTONIC)
+    collect(result, clients, servers)
+    return result
+
+
+def start_servers(tb, scenario: Scenario, flows: list[BulkFlow], mix: tuple[str, ...],
+                  log_dir: Path) -> list[Child]:
+    servers = [spawn(tb, tb.receiver_ns, f"iperf3-server{flow.index}",
+                     ["iperf3", "-s", "-1", "-p", str(flow.port)], log_dir) for flow in flows]
+    if scenario.traffic.downloads is not None:
+        servers.append(spawn(tb, tb.sender_ns, "download-server",
+                             [sys.executable, "-m", "ccscope.scenario.fetch", "serve", "--port", str(FETCH_PORT),
+                              "--cc", mix[0]], log_dir, env=_python_env()))
     for flow in flows:
         _wait_listening(tb, tb.receiver_ns, flow.port)
-    if fetch_server is not None:
+    if scenario.traffic.downloads is not None:
         _wait_listening(tb, tb.sender_ns, FETCH_PORT)
-    # ARP and the path are warm before anything is timed
-    tb.run(tb.sender_ns, ["ping", "-n", "-c", "1", "-W", "2", tb.receiver_addr], timeout=5)
+    return servers
 
+
+def run_timed_phase(tb, scenario: Scenario, result: TrafficResult, log_dir: Path,
+                    progress: Callable[[float], None]) -> list[Child]:
+    """Starts ping and downloads at t0 and each bulk flow at its offset; waits for all, up to a deadline."""
+    t = scenario.traffic
     planned = planned_seconds(scenario)
-    bulk_end = scenario.duration_s + t.stagger_s * max(0, len(flows) - 1) if flows else 0.0
     t0 = time.clock_gettime(time.CLOCK_MONOTONIC)
     result.start_mono = t0
-    wall_offset = time.time() - t0
-    procs: dict[str, subprocess.Popen] = {}
-    if t.ping_interval_s is not None:
-        ping_for = bulk_end if flows else planned
-        procs["ping"] = tb.popen(tb.sender_ns, ["ping", "-n", "-D", "-i", f"{t.ping_interval_s:g}",
-                                                "-w", f"{max(1, round(ping_for))}", tb.receiver_addr],
-                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    if t.downloads is not None:
-        d = t.downloads
-        argv = [sys.executable, "-m", "ccscope.scenario.fetch", "get", "--server",
-                f"{tb.sender_addr}:{FETCH_PORT}", "--sizes", ",".join(map(str, d.sizes)),
-                "--timeout", f"{d.timeout_s:g}", "--start", f"{d.start_s:g}"]
-        if d.every_s is not None:
-            argv += ["--every", f"{d.every_s:g}", "--until", f"{scenario.duration_s:g}"]
-        procs["downloads"] = tb.popen(tb.receiver_ns, argv, env=_python_env(), stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True)
-    pending = sorted(flows, key=lambda f: f.start_offset_s)
+    clients = [*_start_ping(tb, scenario, result, log_dir), *_start_downloads(tb, scenario, log_dir)]
+    pending = sorted(result.bulk, key=lambda f: f.start_offset_s)
     deadline = t0 + planned + START_SLACK_S + (t.downloads.timeout_s if t.downloads else 0.0)
     while True:
         now = time.clock_gettime(time.CLOCK_MONOTONIC)
         while pending and now - t0 >= pending[0].start_offset_s:
             flow = pending.pop(0)
             flow.start_mono = now
-            procs[f"iperf{flow.index}"] = tb.popen(tb.sender_ns, _iperf_argv(tb, scenario, flow),
-                                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            clients.append(spawn(tb, tb.sender_ns, f"iperf3-client{flow.index}", _iperf_argv(tb, scenario, flow),
+                                 log_dir))
         progress(min(now - t0, planned))
-        running = [p for p in procs.values() if p.poll() is None]
-        if not pending and not running:
+        if not pending and all(c.proc.poll() is not None for c in clients):
             break
         if now > deadline:
-            result.errors.append(f"traffic did not finish within {deadline - t0:.0f} s; stopped it")
+            late = ", ".join(c.name for c in clients if c.proc.poll() is None)
+            result.errors.append(f"traffic did not finish within {deadline - t0:.0f} s; stopped {late}")
             break
-        time.sleep(0.1)
-    outputs = {name: _finish(proc) for name, proc in procs.items()}
-    result.end_mono = time.clock_gettime(time.CLOCK_MONOTONIC)
-    for flow in flows:
-        out, err = outputs.get(f"iperf{flow.index}", ("", ""))
-        _parse_iperf(flow, out, err)
+        time.sleep(POLL_S)
+    for child in clients:  # SIGINT: iperf3 and ping still write their report, cut short
+        stop(child.proc, signal.SIGINT)
+    return clients
+
+
+def _start_ping(tb, scenario: Scenario, result: TrafficResult, log_dir: Path) -> list[Child]:
+    t = scenario.traffic
+    if t.ping_interval_s is None:
+        return []
+    bulk_end = scenario.duration_s + t.stagger_s * max(0, len(result.bulk) - 1)
+    ping_for = bulk_end if result.bulk else planned_seconds(scenario)
+    return [spawn(tb, tb.sender_ns, "ping", ["ping", "-n", "-D", "-i", f"{t.ping_interval_s:g}",
+                                              "-w", f"{max(1, round(ping_for))}", tb.receiver_addr], log_dir)]
+
+
+def _start_downloads(tb, scenario: Scenario, log_dir: Path) -> list[Child]:
+    d = scenario.traffic.downloads
+    if d is None:
+        return []
+    argv = [sys.executable, "-m", "ccscope.scenario.fetch", "get", "--server", f"{tb.sender_addr}:{FETCH_PORT}",
+            "--sizes", ",".join(map(str, d.sizes)), "--timeout", f"{d.timeout_s:g}", "--start", f"{d.start_s:g}"]
+    if d.every_s is not None:
+        argv += ["--every", f"{d.every_s:g}", "--until", f"{scenario.duration_s:g}"]
+    return [spawn(tb, tb.receiver_ns, "downloads", argv, log_dir, env=_python_env())]
+
+
+def collect(result: TrafficResult, clients: list[Child], servers: list[Child]) -> None:
+    """Parses what every child wrote, also of a child that was stopped at the deadline."""
+    wall_offset = time.time() - time.clock_gettime(time.CLOCK_MONOTONIC)
+    by_name = {c.name: c for c in clients}
+    for flow in result.bulk:
+        child = by_name.get(f"iperf3-client{flow.index}")
+        if child is None:
+            flow.error = "iperf3 did not start"
+        else:
+            _parse_iperf(flow, *child.output(), log=child.stdout_path.name)
         if flow.error:
             result.errors.append(f"bulk flow {flow.index} ({flow.algorithm}): {flow.error}")
-    if "ping" in outputs:
-        result.ping, result.ping_sent = parse_ping(outputs["ping"][0], wall_offset)
-    if "downloads" in outputs:
-        out, err = outputs["downloads"]
+    if "ping" in by_name:
+        result.ping, result.ping_sent = parse_ping(by_name["ping"].output()[0], wall_offset)
+    if "downloads" in by_name:
+        out, err = by_name["downloads"].output()
         result.downloads = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
         if err.strip():
             result.errors.append(f"downloads: {err.strip().splitlines()[-1]}")
-    for proc in [*servers, fetch_server]:
-        if proc is not None:
-            _finish(proc)
-    return result
+    for server in servers:
+        err = server.output()[1].strip()
+        if err and server.name == "download-server":
+            result.errors.append(f"download server: {err.splitlines()[-1]}")
 
 
 def _iperf_argv(tb, scenario: Scenario, flow: BulkFlow) -> list[str]:
@@ -174,25 +240,25 @@ def _iperf_argv(tb, scenario: Scenario, flow: BulkFlow) -> list[str]:
             "--connect-timeout", "5000"]
 
 
-def _finish(proc: subprocess.Popen) -> tuple[str, str]:
-    """Collect output; anything still running is terminated first (deadline passed or a server)."""
+def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
+    """Ends a child that is still running (a server, or a client past the deadline) and reaps it."""
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, 15)
+            os.killpg(proc.pid, sig)
     try:
-        out, err = proc.communicate(timeout=5)
+        proc.wait(timeout=5)
     except subprocess.TimeoutExpired:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, 9)
-        out, err = proc.communicate(timeout=5)
-    return out or "", err or ""
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=5)
 
 
-def _parse_iperf(flow: BulkFlow, out: str, err: str) -> None:
+def _parse_iperf(flow: BulkFlow, out: str, err: str, log: str) -> None:
     try:
         data = json.loads(out)
     except json.JSONDecodeError:
-        flow.error = "iperf3 gave no JSON: " + ((err or out).strip().splitlines() or ["no output"])[-1]
+        last = ((err or out).strip().splitlines() or ["no output"])[-1]
+        flow.error = f"iperf3 gave no JSON (raw output in {log}): {last}"
         return
     if data.get("error"):
         flow.error = f"iperf3: {data['error']}"

@@ -1,0 +1,169 @@
+"""Scenarios at their full durations, as a user types them (no --quick), and bulk flows that outlive a pipe.
+
+These are the suite's slowest tests (about 7 minutes together on 2 cores): a 60 s flow, every built-in at
+its full duration with one run and one algorithm set, and a bulk flow whose iperf3 client is killed.
+Each checks the host afterwards with HostSnapshot, like the quick scenario tests."""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from ccscope.scenario import results
+from emulation_helpers import HostSnapshot
+from prereqs import require_bpf_object, require_root, require_tools
+
+PIPE_CAPACITY = 65536  # Linux default; the iperf3 report of a 20 s flow is larger
+
+# Each built-in at full duration: --runs 1, one algorithm set (fairness keeps a competing pair).
+BUILTINS = {
+    "wired-vs-wireless": "cubic",
+    "fast-vs-slow": "cubic",
+    "bufferbloat": "cubic",
+    "rate-size": "cubic",
+    "fairness": "cubic+bbr",
+}
+
+SIXTY_SECONDS = """\
+name: sixty-seconds
+description: one bulk flow of 60 s with ping under load
+algorithms: [cubic]
+duration: 60s
+warmup: 3s
+runs: 1
+profiles:
+  path: {rate: 20mbit, delay: 10ms, queue: 1bdp}
+traffic:
+  bulk: {flows: 1}
+  ping: {interval: 100ms}
+"""
+
+KILLED_CLIENT = SIXTY_SECONDS.replace("sixty-seconds", "killed-client").replace("60s", "12s")
+
+
+@pytest.fixture(autouse=True)
+def prerequisites():
+    require_root()
+    require_tools("iperf3", "ping", "ip", "tc", "ethtool", "ss", "iptables")
+    require_bpf_object()
+
+
+@pytest.fixture
+def host():
+    snapshot = HostSnapshot.take()
+    yield
+    snapshot.assert_unchanged()
+
+
+def _scenario(ccscope_cmd: list[str], *args: str, timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run([*ccscope_cmd, "scenario", *args, "--listen", "off"], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _csv_times(path: Path) -> list[float]:
+    with path.open() as fh:
+        return [float(row["time_s"]) for row in csv.DictReader(fh)]
+
+
+def test_sixty_second_bulk_flow_keeps_every_report(ccscope_cmd, tmp_path, host):
+    spec, out = tmp_path / "sixty.yaml", tmp_path / "out"
+    spec.write_text(SIXTY_SECONDS)
+    res = _scenario(ccscope_cmd, "run", str(spec), "--out", str(out), timeout=240)
+    assert res.returncode == 0, res.stderr
+    doc = results.load(out)
+    [run] = doc["runs"]
+    assert run["errors"] == [] and doc["errors"] == []
+    [flow] = run["flows"]
+    raw = out / "raw" / "path_cubic_r1" / "iperf3-client0.out"
+    assert raw.stat().st_size > PIPE_CAPACITY  # the case that blocked on a pipe before
+    assert flow["iperf3"]["received_seconds"] == pytest.approx(60, abs=1.0)
+    # 20 Mbit/s of frames carry 20 * 1448/1514 Mbit/s of payload; BPF and iperf3 agree on it
+    assert 0.85 * 19.13e6 <= flow["goodput_bps"] <= 1.03 * 19.13e6
+    assert flow["goodput_bps"] == pytest.approx(flow["iperf3"]["goodput_bps"], rel=0.05)
+    times = _csv_times(out / flow["csv"])
+    assert times[-1] - times[0] >= 58
+    assert run["ping"]["sent"] >= 550 and run["ping"]["received"] >= 0.95 * run["ping"]["sent"]
+
+
+@pytest.mark.parametrize("name", list(BUILTINS))
+def test_builtin_at_full_duration(ccscope_cmd, tmp_path, host, name):
+    out = tmp_path / name
+    res = _scenario(ccscope_cmd, name, "--runs", "1", "--algorithms", BUILTINS[name], "--out", str(out),
+                    timeout=600)
+    assert res.returncode == 0, res.stderr
+    assert "Traceback" not in res.stderr
+    doc = results.load(out)
+    assert doc["errors"] == []
+    assert len(doc["runs"]) == len(doc["profiles"])  # one run per profile
+    traffic = doc["scenario"]["definition"]["traffic"]
+    for run in doc["runs"]:
+        assert run["errors"] == [], run["errors"]
+        assert run["flows"] or not traffic.get("bulk", True)  # goodput for every run with bulk flows
+        for flow in run["flows"]:
+            assert flow["goodput_bps"] and flow["goodput_bps"] > 0
+            assert flow["goodput_bps"] == pytest.approx(flow["iperf3"]["goodput_bps"], rel=0.1)
+            assert flow["algorithm_ok"] is True
+        if traffic.get("downloads"):
+            assert run["downloads"] and all(d["error"] is None or "time limit" in d["error"]
+                                            for d in run["downloads"])
+            assert any(d["complete"] for d in run["downloads"])
+        if traffic.get("ping"):
+            assert run["ping"]["received"] > 0
+
+
+def _pid_writing_to(path: Path, deadline_s: float) -> int:
+    """The process whose stdout is `path`: the iperf3 client of this test's run, not anyone else's."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    if os.readlink(f"/proc/{entry}/fd/1") == str(path):
+                        return int(entry)
+                except OSError:
+                    pass
+        time.sleep(0.1)
+    raise AssertionError(f"no process writes to {path} within {deadline_s} s")
+
+
+def _wait_written(pid: int, nbytes: int, deadline_s: float) -> None:
+    """Until `pid` has written nbytes (its sockets included, /proc/PID/io wchar)."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        io = dict(line.split(": ") for line in Path(f"/proc/{pid}/io").read_text().splitlines())
+        if int(io["wchar"]) >= nbytes:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"process {pid} wrote less than {nbytes} bytes in {deadline_s} s")
+
+
+def test_failed_bulk_flow_keeps_bpf_series_and_ping(ccscope_cmd, tmp_path, host):
+    spec, out = tmp_path / "killed.yaml", tmp_path / "out"
+    spec.write_text(KILLED_CLIENT)
+    proc = subprocess.Popen([*ccscope_cmd, "scenario", "run", str(spec), "--out", str(out), "--listen", "off",
+                             "--no-verify"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        client = _pid_writing_to(out / "raw" / "path_cubic_r1" / "iperf3-client0.out", deadline_s=60)
+        _wait_written(client, 10_000_000, deadline_s=60)  # the flow has moved data: ~4 s at 20 Mbit/s
+        os.kill(client, signal.SIGKILL)  # no JSON report from iperf3 now
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1, stderr  # the run is complete, with an error in results
+    assert "Traceback" not in stderr
+    [run] = results.load(out)["runs"]
+    assert any("iperf3 gave no JSON" in e for e in run["errors"]), run["errors"]
+    assert len(run["errors"]) == 1, run["errors"]  # no "no telemetry", no algorithm mismatch
+    [flow] = run["flows"]
+    # the data connection, found by server port: seconds of a 20 Mbit/s flow, not the control connection
+    assert flow["csv"] and flow["goodput_bps"] > 5e6
+    times = _csv_times(out / flow["csv"])
+    assert times[-1] - times[0] >= 4
+    assert run["ping"]["received"] >= 50
