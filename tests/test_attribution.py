@@ -4,24 +4,19 @@ CRI-O and docker name theirs open real loopback flows, and the daemon's series, 
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 from ccscope.attribution import RULES, cgroup2_mount, parse_workload, truncate
-from ccscope.errors import PrerequisiteError
 from ccscope.exporter import FLOW_LABELS, FLOW_METRICS
+from cgrouphelpers import Tree, cgroup_tree, kubepods_systemd, pod_logs
 from nethelpers import cli, daemon, free_port, parse_metrics, values, wait_for
-from prereqs import require, require_bpf_object, require_root
+from prereqs import require_bpf_object, require_root
 
-WORKER = Path(__file__).with_name("cgroup_worker.py")
 FLOW_SERIES = "ccscope_flow_bytes_sent_total"
 
 
@@ -61,93 +56,12 @@ def test_every_rule_is_exercised_and_truncation() -> None:
 # --- real cgroups, real processes, real flows ----------------------------------------------------------------
 
 
-@dataclass
-class Tree:
-    """cgroups made under one top-level cgroup of this test run, removed (processes moved out) on exit."""
-
-    root: Path
-    top: Path
-    made: list[Path] = field(default_factory=list)
-    procs: list[subprocess.Popen] = field(default_factory=list)
-
-    def cgroup(self, relative: str) -> Path:
-        path = self.top
-        for part in relative.strip("/").split("/"):
-            path = path / part
-            if not path.exists():
-                path.mkdir()
-                self.made.append(path)
-        return path
-
-    def path_of(self, cgroup: Path) -> str:
-        return "/" + str(cgroup.relative_to(self.root))
-
-    def start(self, cgroup: Path, name: str, mode: str, port: int) -> tuple[subprocess.Popen, int, int]:
-        """A worker in `cgroup` named `name`; returns it, its pid and its local port."""
-        proc = subprocess.Popen([sys.executable, str(WORKER), str(cgroup), name, mode, str(port)],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.procs.append(proc)
-        line = proc.stdout.readline().split()
-        assert line[:1] == ["ready"], f"worker {name} did not start: {line}"
-        return proc, int(line[1]), int(line[2])
-
-    def stop(self, proc: subprocess.Popen) -> None:
-        proc.kill()
-        proc.wait()
-
-    def remove(self, cgroup: Path) -> None:
-        """rmdir once the kernel has seen the last process leave (it may lag the wait())."""
-        def removed() -> bool:
-            try:
-                cgroup.rmdir()
-            except OSError:
-                return False
-            return True
-
-        assert wait_for(removed, timeout=10), f"cannot remove {cgroup}"
-        self.made.remove(cgroup)
-
-    def close(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        for cgroup in reversed(self.made):
-            with contextlib.suppress(OSError):
-                for pid in (cgroup / "cgroup.procs").read_text().split():  # strays: back to the root
-                    (self.root / "cgroup.procs").write_text(pid)
-            wait_for(lambda c=cgroup: not c.exists() or _try_rmdir(c), timeout=5)
-
-
-def _try_rmdir(path: Path) -> bool:
-    try:
-        path.rmdir()
-    except OSError:
-        return False
-    return True
-
-
 @pytest.fixture
 def tree() -> Iterator[Tree]:
     require_root()
     require_bpf_object()
-    try:
-        root = cgroup2_mount()
-    except PrerequisiteError as exc:
-        require(False, f"no cgroup v2 hierarchy: {exc}")
-    made = Tree(root, root / f"ccst-attr-{os.getpid()}-{uuid.uuid4().hex[:6]}")
-    made.top.mkdir()
-    made.made.append(made.top)
-    try:
+    with cgroup_tree() as made:
         yield made
-    finally:
-        made.close()
-
-
-def _pod_logs(tmp_path: Path, namespace: str, pod: str, uid: str) -> Path:
-    logs = tmp_path / "pods"
-    (logs / f"{namespace}_{pod}_{uid}" / "app").mkdir(parents=True)
-    return logs
 
 
 def _flow_series(samples, **labels: str) -> list[dict[str, str]]:
@@ -160,10 +74,9 @@ def test_pod_container_comm_labels_and_cleanup(tree: Tree, tmp_path: Path) -> No
     client; then the client's container goes away and its series with it after --grace."""
     client_uid, server_uid = str(uuid.uuid4()), str(uuid.uuid4())
     client_cid, server_cid, docker_cid = (uuid.uuid4().hex * 2 for _ in range(3))
-    logs = _pod_logs(tmp_path, "shop", "checkout-7d9f", client_uid)
+    logs = pod_logs(tmp_path, "shop", "checkout-7d9f", client_uid)
     (logs / f"payments_ledger-0_{server_uid}").mkdir()
-    client_cg = tree.cgroup(f"kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod"
-                            f"{client_uid.replace('-', '_')}.slice/cri-containerd-{client_cid}.scope")
+    client_cg = tree.cgroup(kubepods_systemd(client_uid, client_cid))
     server_cg = tree.cgroup(f"kubepods/besteffort/pod{server_uid}/{server_cid}")
     docker_cg = tree.cgroup(f"system.slice/docker-{docker_cid}.scope")
 
