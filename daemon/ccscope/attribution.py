@@ -44,6 +44,16 @@ def cgroup2_mount(mounts: str | None = None) -> Path:
                             "mount it: mount -t cgroup2 none /sys/fs/cgroup/unified, or drop those labels")
 
 
+def hierarchy_root(path: Path) -> Path:
+    """--cgroup-root DIR: the cgroup v2 root itself, or a host's /sys/fs/cgroup mounted elsewhere (e.g. in a
+    container at /host/sys/fs/cgroup), where a hybrid host keeps v2 in `unified/`."""
+    for candidate in (path, path / "unified"):
+        if (candidate / "cgroup.controllers").is_file():
+            return candidate
+    raise UsageError(f"--cgroup-root {path} is not a cgroup v2 hierarchy (no cgroup.controllers there or in "
+                     f"{path / 'unified'})")
+
+
 # --- container and pod from a cgroup path -------------------------------------------------------------------
 
 
@@ -152,9 +162,7 @@ class CgroupResolver:
     """
 
     def __init__(self, root: Path | None = None, clock=time.monotonic) -> None:
-        self.root = Path(root) if root is not None else cgroup2_mount()
-        if not self.root.is_dir():
-            raise UsageError(f"--cgroup-root {self.root} is not a directory")
+        self.root = hierarchy_root(Path(root)) if root is not None else cgroup2_mount()
         self._clock = clock
         self._paths: dict[int, str] = {}
         self._ids: dict[str, int] = {}
