@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import os
 import re
 import struct
@@ -357,12 +358,12 @@ class LabelOptions:
         """cgroup, container and pod all come from the cgroup path."""
         return any(c != "comm" for c in self.chosen)
 
-    @property
+    @functools.cached_property
     def flow_labels(self) -> tuple[str, ...]:
         """Label names added to ccscope_flow_* series, in this order."""
         return tuple(n for c in self.chosen for n in (POD_LABELS if c == "pod" else (c,)))
 
-    @property
+    @functools.cached_property
     def group_labels(self) -> tuple[str, ...]:
         """Label names of the by-cgroup host aggregates: the flow labels that depend on the cgroup only."""
         return tuple(n for n in self.flow_labels if n != "comm")

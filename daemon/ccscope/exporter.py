@@ -209,11 +209,15 @@ class FlowCollector(Collector):
         names = self.labels.group_labels
         other = (OTHER,) * len(names)  # no path, pod UID or container ID reads "other"
 
+        keys: dict[int, tuple[str, ...]] = {}  # per scrape: 10k flows share a few hundred cgroups
+
         def group(cgroup_id: int) -> tuple[str, ...]:
-            if cgroup_id == bt.CGROUP_OTHER or cgroup_id not in stats:
-                return other
-            attribution = attributor(cgroup_id)
-            return self.labels.group_values(attribution) if attribution.cgroup else other
+            key = keys.get(cgroup_id)
+            if key is None:
+                attribution = attributor(cgroup_id) if cgroup_id != bt.CGROUP_OTHER and cgroup_id in stats else None
+                key = keys[cgroup_id] = self.labels.group_values(attribution) \
+                    if attribution and attribution.cgroup else other
+            return key
 
         merged: dict[tuple[str, ...], list] = {}
         for cgroup_id, value in stats.items():
@@ -222,7 +226,9 @@ class FlowCollector(Collector):
             entry[1] += value.retransmits
             entry[2] = [a + b for a, b in zip(entry[2], value.queue_delay.slots, strict=True)]
             entry[3] += value.queue_delay.sum_us
-        open_flows = Tally(group(f.cgroup_id) for f in flows if not f.closed_ns)
+        open_flows: Tally[tuple[str, ...]] = Tally()
+        for cgroup_id, count in Tally(f.cgroup_id for f in flows if not f.closed_ns).items():
+            open_flows[group(cgroup_id)] += count
         current = GaugeMetricFamily("ccscope_cgroup_flows", "Tracked open TCP flows by cgroup.", labels=names)
         started = CounterMetricFamily("ccscope_cgroup_flows_started", "TCP flows first seen, by cgroup.",
                                       labels=names)
