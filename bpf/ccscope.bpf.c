@@ -100,9 +100,14 @@ struct {
 	__type(value, struct owner);
 } listeners SEC(".maps");
 
-/* Sized by the loader to --max-cgroups + 1; key CCSCOPE_CGROUP_OTHER is inserted by the loader. */
+/*
+ * Sized by the loader to --max-cgroups + 1; key CCSCOPE_CGROUP_OTHER is
+ * inserted by the loader. Per-CPU: every flow of a busy cgroup updates the
+ * same entry at each sample, and atomics on one shared line cost more than
+ * the rest of the sample.
+ */
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
 	__uint(max_entries, 257);
 	__type(key, __u64);
 	__type(value, struct cgroup_stats);
@@ -150,7 +155,7 @@ static __always_inline __u32 log2_u64(__u64 v)
 	return r;
 }
 
-static __always_inline void hist_add(struct hist *h, __u32 value_us)
+static __always_inline __u32 hist_slot(__u32 value_us)
 {
 	__u32 slot;
 
@@ -161,9 +166,20 @@ static __always_inline void hist_add(struct hist *h, __u32 value_us)
 	 */
 	slot = log2_u64(value_us);
 	barrier_var(slot);
-	slot &= CCSCOPE_HIST_SLOTS - 1;
-	__sync_fetch_and_add(&h->slots[slot], 1);
+	return slot & (CCSCOPE_HIST_SLOTS - 1);
+}
+
+static __always_inline void hist_add(struct hist *h, __u32 value_us)
+{
+	__sync_fetch_and_add(&h->slots[hist_slot(value_us)], 1);
 	__sync_fetch_and_add(&h->sum_us, value_us);
+}
+
+/* For per-CPU values: plain adds, no shared cache line to bounce between CPUs. */
+static __always_inline void hist_add_local(struct hist *h, __u32 value_us)
+{
+	h->slots[hist_slot(value_us)] += 1;
+	h->sum_us += value_us;
 }
 
 static __always_inline void observe(const char *ca_name, __u32 kind, __u32 value_us)
@@ -368,7 +384,7 @@ static __always_inline struct flow *create_flow(struct sock *sk, struct tcp_sock
 		struct cgroup_stats *cg = cgroup_stats_for(f.cgroup_id);
 
 		if (cg)
-			__sync_fetch_and_add(&cg->flows, 1);
+			cg->flows += 1;
 	}
 	return bpf_map_lookup_elem(&flows, &cookie);
 }
@@ -438,7 +454,7 @@ int BPF_PROG(tcp_probe, struct sock *sk, const struct sk_buff *skb)
 		struct cgroup_stats *cg = cgroup_stats_for(f->cgroup_id);
 
 		if (cg)
-			hist_add(&cg->queue_delay, queue_us);
+			hist_add_local(&cg->queue_delay, queue_us);
 	}
 	emit(f, CCSCOPE_EV_PROBE, cfg);
 	return 0;
@@ -468,7 +484,7 @@ int BPF_PROG(tcp_retransmit_skb, const struct sock *sk, const struct sk_buff *sk
 	if (cfg && cfg->cgroup_stats) {
 		cg = cgroup_stats_for(f ? f->cgroup_id : socket_cgroup_id(sk));
 		if (cg)
-			__sync_fetch_and_add(&cg->retransmits, 1);
+			cg->retransmits += 1;
 	}
 	return 0;
 }

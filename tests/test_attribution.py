@@ -5,6 +5,7 @@ CRI-O and docker name theirs open real loopback flows, and the daemon's series, 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -64,9 +65,13 @@ def tree() -> Iterator[Tree]:
         yield made
 
 
-def _flow_series(samples, **labels: str) -> list[dict[str, str]]:
-    return [lab for name, lab, _ in samples if name == FLOW_SERIES
-            and all(lab.get(k) == v for k, v in labels.items())]
+LOOPBACK = {"src": "127.0.0.1", "dst": "127.0.0.1", "netns": str(os.stat("/proc/self/ns/net").st_ino)}
+
+
+def _flow_series(samples, sport: int, dport: int) -> list[dict[str, str]]:
+    """The series of one loopback flow of this network namespace (ports alone may recur in other tests' netns)."""
+    want = {**LOOPBACK, "sport": str(sport), "dport": str(dport)}
+    return [lab for name, lab, _ in samples if name == FLOW_SERIES and all(lab.get(k) == v for k, v in want.items())]
 
 
 def test_pod_container_comm_labels_and_cleanup(tree: Tree, tmp_path: Path) -> None:
@@ -80,8 +85,9 @@ def test_pod_container_comm_labels_and_cleanup(tree: Tree, tmp_path: Path) -> No
     server_cg = tree.cgroup(f"kubepods/besteffort/pod{server_uid}/{server_cid}")
     docker_cg = tree.cgroup(f"system.slice/docker-{docker_cid}.scope")
 
+    # --cgroup: only this test's flows get series, however many other tests run on the host.
     with daemon("--labels", "comm,cgroup,container,pod", "--flows", "all", "--grace", "1s",
-                "--pod-logs", str(logs)) as running:
+                "--pod-logs", str(logs), "--cgroup", tree.path_of(tree.top)) as running:
         port = free_port()
         _, server_pid, _ = tree.start(server_cg, "ccs-server", "serve", port)
         client, client_pid, client_port = tree.start(client_cg, "ccs-client", "connect", port)
@@ -89,8 +95,8 @@ def test_pod_container_comm_labels_and_cleanup(tree: Tree, tmp_path: Path) -> No
 
         def both_sides():
             samples = running.scrape()
-            mine = _flow_series(samples, sport=str(client_port)) + _flow_series(samples, dport=str(client_port))
-            docker = _flow_series(samples, sport=str(docker_port))
+            mine = _flow_series(samples, client_port, port) + _flow_series(samples, port, client_port)
+            docker = _flow_series(samples, docker_port, port)
             return (samples, mine, docker) if len(mine) == 2 and docker else None
 
         found = wait_for(both_sides, timeout=15)
@@ -138,20 +144,21 @@ def test_pod_container_comm_labels_and_cleanup(tree: Tree, tmp_path: Path) -> No
                                      if lab.get("cgroup") == tree.path_of(client_cg)], timeout=15)
         assert gone, "series of a deleted cgroup outlived --grace"
         still = running.scrape()
-        assert _flow_series(still, sport=str(docker_port)), "the docker flow lost its series too"
+        assert _flow_series(still, docker_port, port), "the docker flow lost its series too"
 
 
 def test_max_cgroups_other_bucket(tree: Tree) -> None:
     """--max-cgroups 2: at most 2 cgroups of the host get their own aggregates, the rest count as other."""
     port = free_port()
     cgroups = [tree.cgroup(f"app{i}") for i in range(4)]
-    with daemon("--labels", "cgroup", "--max-cgroups", "2", "--flows", "all") as running:
+    with daemon("--labels", "cgroup", "--max-cgroups", "2", "--flows", "all",
+                "--cgroup", tree.path_of(tree.top)) as running:
         tree.start(cgroups[0], "ccs-server", "serve", port)
         clients = [tree.start(cg, f"ccs-c{i}", "connect", port)[2] for i, cg in enumerate(cgroups[1:])]
 
         def all_seen():
             samples = running.scrape()
-            return samples if all(_flow_series(samples, sport=str(p)) for p in clients) else None
+            return samples if all(_flow_series(samples, p, port) for p in clients) else None
 
         samples = wait_for(all_seen, timeout=15)
         assert samples, "the clients' flows never appeared"
@@ -162,14 +169,14 @@ def test_max_cgroups_other_bucket(tree: Tree) -> None:
         assert len(ours & set(groups)) <= 2 and groups["other"] >= 2, groups
         # per-flow series keep their real cgroup: only the aggregates are bounded
         for client_port, cg in zip(clients, cgroups[1:], strict=True):
-            assert _flow_series(samples, sport=str(client_port))[0]["cgroup"] == tree.path_of(cg)
+            assert _flow_series(samples, client_port, port)[0]["cgroup"] == tree.path_of(cg)
 
 
 def test_labels_off_exposition_unchanged() -> None:
     """Without --labels: no attribution label anywhere, no by-cgroup family, flow series keep FLOW_LABELS."""
     require_root()
     require_bpf_object()
-    with daemon("--flows", "all") as running:
+    with daemon("--flows", "top:5") as running:
         def with_flows() -> str | None:
             text = running.scrape_text()
             return text if "ccscope_flow_" in text else None
