@@ -201,22 +201,17 @@ class FlowCollector(Collector):
                 self.table.probe.delete_cgroup(cgroup_id)
                 del stats[cgroup_id]
 
-    def _cgroup_metrics(self, flows: list[FlowRecord]) -> Iterator[Metric]:
-        """Host aggregates by cgroup, kernel-side bounded by --max-cgroups (the rest in cgroup="other")."""
-        attributor = self.attributor
-        stats = self.table.probe.cgroup_stats()
-        self._expire_cgroups(flows, stats)
-        names = self.labels.group_labels
-        other = (OTHER,) * len(names)  # no path, pod UID or container ID reads "other"
-
-        keys: dict[int, tuple[str, ...]] = {}  # per scrape: 10k flows share a few hundred cgroups
+    def _group(self, stats: dict[int, bt.CgroupStats], flows: list[FlowRecord]) -> tuple[dict, Tally]:
+        """Kernel entries and open flows merged by their group's label values (cgroups that share a truncated
+        path, or a pod, fall together): {key: [flows, retransmits, slots, sum_us]}, {key: open flows}."""
+        other = (OTHER,) * len(self.labels.group_labels)  # no path, pod UID or container ID reads "other"
+        keys: dict[int, tuple[str, ...]] = {}  # once per cgroup id: 10k flows share a few hundred cgroups
 
         def group(cgroup_id: int) -> tuple[str, ...]:
             key = keys.get(cgroup_id)
             if key is None:
-                attribution = attributor(cgroup_id) if cgroup_id != bt.CGROUP_OTHER and cgroup_id in stats else None
-                key = keys[cgroup_id] = self.labels.group_values(attribution) \
-                    if attribution and attribution.cgroup else other
+                found = self.attributor(cgroup_id) if cgroup_id != bt.CGROUP_OTHER and cgroup_id in stats else None
+                key = keys[cgroup_id] = self.labels.group_values(found) if found and found.cgroup else other
             return key
 
         merged: dict[tuple[str, ...], list] = {}
@@ -229,6 +224,14 @@ class FlowCollector(Collector):
         open_flows: Tally[tuple[str, ...]] = Tally()
         for cgroup_id, count in Tally(f.cgroup_id for f in flows if not f.closed_ns).items():
             open_flows[group(cgroup_id)] += count
+        return merged, open_flows
+
+    def _cgroup_metrics(self, flows: list[FlowRecord]) -> Iterator[Metric]:
+        """Host aggregates by cgroup, kernel-side bounded by --max-cgroups (the rest in cgroup="other")."""
+        stats = self.table.probe.cgroup_stats()
+        self._expire_cgroups(flows, stats)
+        names = self.labels.group_labels
+        merged, open_flows = self._group(stats, flows)
         current = GaugeMetricFamily("ccscope_cgroup_flows", "Tracked open TCP flows by cgroup.", labels=names)
         started = CounterMetricFamily("ccscope_cgroup_flows_started", "TCP flows first seen, by cgroup.",
                                       labels=names)
@@ -246,7 +249,7 @@ class FlowCollector(Collector):
         yield from (current, started, retrans, delay)
         yield CounterMetricFamily("ccscope_cgroup_scans", "Walks of the cgroup hierarchy (start, misses, "
                                   "inotify overflows); creations and deletions otherwise arrive by inotify.",
-                                  value=attributor.resolver.scans)
+                                  value=self.attributor.resolver.scans)
 
     def _health_metrics(self) -> Iterator[Metric]:
         counters = self.table.probe.counters()
