@@ -155,6 +155,13 @@ static __always_inline __u32 log2_u64(__u64 v)
 	return r;
 }
 
+/*
+ * All zeroes, the initial value of new hists and cgroup_stats entries: in .bss,
+ * not on the stack, which tcp_probe and create_flow share (512 bytes together
+ * on 6.1's verifier).
+ */
+static struct cgroup_stats zero_cgroup_stats;
+
 static __always_inline __u32 hist_slot(__u32 value_us)
 {
 	__u32 slot;
@@ -190,9 +197,7 @@ static __always_inline void observe(const char *ca_name, __u32 kind, __u32 value
 	__builtin_memcpy(key.name, ca_name, CCSCOPE_CA_NAME_LEN);
 	h = bpf_map_lookup_elem(&hists, &key);
 	if (!h) {
-		struct hist empty = {};
-
-		bpf_map_update_elem(&hists, &key, &empty, BPF_NOEXIST);
+		bpf_map_update_elem(&hists, &key, &zero_cgroup_stats.queue_delay, BPF_NOEXIST);
 		h = bpf_map_lookup_elem(&hists, &key);
 		if (!h)
 			return;
@@ -213,9 +218,6 @@ static __always_inline struct cc_stats *cc_stats_for(const char *ca_name)
 	bpf_map_update_elem(&cc_stats, &key, &empty, BPF_NOEXIST);
 	return bpf_map_lookup_elem(&cc_stats, &key);
 }
-
-/* Initial value of a cgroup_stats entry: in .bss, since 280 bytes would crowd the 512-byte stack. */
-static struct cgroup_stats zero_cgroup_stats;
 
 /* The stats slot of a cgroup; cgroups beyond the map's capacity share CCSCOPE_CGROUP_OTHER. */
 static __always_inline struct cgroup_stats *cgroup_stats_for(__u64 cgroup_id)
