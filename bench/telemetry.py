@@ -23,17 +23,17 @@ import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from nethelpers import CCSCOPE, ROOT, Daemon, daemon, held_prog_ids, netns, netns_inode
+
 RESULTS = ROOT / "bench" / "results" / "telemetry.md"
 RESULTS_ATTRIBUTION = ROOT / "bench" / "results" / "attribution.md"
 ALL_LABELS = ("--labels", "comm,cgroup,container,pod")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-CCSCOPE = [sys.executable, "-m", "ccscope.cli"]
 
 
 # --- plumbing -------------------------------------------------------------------------------------------------------
@@ -41,30 +41,6 @@ CCSCOPE = [sys.executable, "-m", "ccscope.cli"]
 
 def sh(*cmd: str, check: bool = True) -> str:
     return subprocess.run(cmd, check=check, capture_output=True, text=True).stdout
-
-
-@contextlib.contextmanager
-def netns(tag: str) -> Iterator[str]:
-    name = f"ccsbench{os.getpid()}{tag}"
-    sh("ip", "netns", "add", name)
-    try:
-        sh("ip", "-n", name, "link", "set", "lo", "up")
-        yield name
-    finally:
-        for pid in sh("ip", "netns", "pids", name, check=False).split():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid), signal.SIGKILL)
-        sh("ip", "netns", "del", name, check=False)
-
-
-def netns_inode(name: str) -> int:
-    return os.stat(f"/run/netns/{name}").st_ino
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def cpu_seconds(pid: int) -> float:
@@ -81,13 +57,8 @@ def rss_mb(pid: int) -> float:
 
 
 def prog_ids(pid: int) -> dict[int, str]:
-    """BPF programs a process holds, from its fdinfo; names from bpftool."""
-    ids = set()
-    for fd in Path(f"/proc/{pid}/fdinfo").iterdir():
-        with contextlib.suppress(OSError):
-            for line in fd.read_text().splitlines():
-                if line.startswith("prog_id:"):
-                    ids.add(int(line.split()[1]))
+    """BPF programs a process holds; names from bpftool."""
+    ids = held_prog_ids(pid)
     return {p["id"]: p["name"] for p in bpf_progs() if p["id"] in ids}
 
 
@@ -109,45 +80,6 @@ def bpf_stats_enabled() -> Iterator[None]:
         yield
     finally:
         path.write_text(old)
-
-
-class Daemon:
-    def __init__(self, *args: str) -> None:
-        self.port = free_port()
-        self.proc = subprocess.Popen([*CCSCOPE, "daemon", "--listen", f"127.0.0.1:{self.port}", *args],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-        line = self.proc.stderr.readline()
-        if "serving" not in line:
-            self.stop()
-            raise SystemExit(f"daemon did not start: {line}")
-
-    def scrape(self) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=30) as resp:
-            return resp.read().decode()
-
-    def metric(self, name: str, text: str | None = None) -> float:
-        for line in (text or self.scrape()).splitlines():
-            if line.startswith(name + " ") or line.startswith(name + "{"):
-                return float(line.rsplit(" ", 1)[1])
-        raise KeyError(name)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
-@contextlib.contextmanager
-def daemon(*args: str) -> Iterator[Daemon]:
-    running = Daemon(*args)
-    try:
-        yield running
-    finally:
-        running.stop()
 
 
 @contextlib.contextmanager
@@ -193,7 +125,7 @@ def bench_throughput(runs: int, seconds: float) -> Row:
                 if attached:
                     with daemon() as running:
                         result = iperf3(ns, 5401, seconds)
-                        running.scrape()
+                        running.scrape_text()
                     with_d.append(result["end"]["sum_received"]["bits_per_second"])
                 else:
                     without.append(iperf3(ns, 5401, seconds)["end"]["sum_received"]["bits_per_second"])
@@ -445,7 +377,7 @@ def bench_scrape(flows: int) -> list[Row]:
             times, internal = [], []
             for _ in range(7):
                 started = time.perf_counter()
-                text = running.scrape()
+                text = running.scrape_text()
                 times.append(time.perf_counter() - started)
                 internal.append(running.metric("ccscope_scrape_duration_seconds", text))
             tracked = running.metric("ccscope_tracked_flows", text)

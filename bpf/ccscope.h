@@ -15,10 +15,13 @@
 #define CCSCOPE_COMM_LEN 16    /* TASK_COMM_LEN */
 #define CCSCOPE_CGROUP_OTHER 0 /* cgroup_stats key of cgroups beyond the map's capacity */
 
-/* Why a flow record was emitted to the ring buffer. */
+/*
+ * Why a flow record was emitted to the ring buffer. Retransmits are counted
+ * (flow.retransmit_events, cc_stats), not streamed; 2 stays unused so the
+ * numbers in existing CSVs keep their meaning.
+ */
 enum ccscope_event {
 	CCSCOPE_EV_PROBE = 1,      /* tcp:tcp_probe, rate-limited per flow */
-	CCSCOPE_EV_RETRANSMIT = 2, /* tcp:tcp_retransmit_skb */
 	CCSCOPE_EV_CLOSE = 3,      /* sock:inet_sock_set_state -> TCP_CLOSE */
 };
 

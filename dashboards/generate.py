@@ -145,6 +145,30 @@ def dashboard(uid: str, title: str, description: str, tags: list[str], variables
 
 def live_flows() -> dict:
     lay = Layout()
+    _host_panels(lay)
+    _per_flow_panels(lay)
+    _pod_panels(lay)
+    _daemon_health_panels(lay)
+    variables = [datasource_var(), *job_instance_vars(),
+                 query_var("namespace", "Kubernetes namespace",
+                           f'label_values(ccscope_flow_cwnd_segments{{{TARGET}}}, namespace)'),
+                 query_var("pod", "Pod",
+                           f'label_values(ccscope_flow_cwnd_segments{{{TARGET},namespace=~"$namespace"}}, pod)'),
+                 query_var("container", "Container ID",
+                           f'label_values(ccscope_flow_cwnd_segments{{{TARGET},namespace=~"$namespace",'
+                           f'pod=~"$pod"}}, container)'),
+                 query_var("netns", "Network namespace",
+                           f'label_values(ccscope_flow_cwnd_segments{{{TARGET},{WORKLOAD_SEL}}}, netns)'),
+                 query_var("cc", "Algorithm", f'label_values(ccscope_tcp_flows{{{TARGET}}}, cc)'),
+                 query_var("flow", "Flow",
+                           f'label_values(ccscope_flow_cwnd_segments{{{TARGET},{WORKLOAD_SEL},netns=~"$netns",'
+                           f'cc=~"$cc"}}, flow)')]
+    return dashboard("ccscope-live-flows", "ccscope — live flows",
+                     "Per-flow TCP congestion telemetry (cwnd, ssthresh, RTT, queueing delay, retransmits, rates) "
+                     "from ccscope's eBPF exporter.", ["ccscope", "tcp"], variables, lay.panels, [], "now-15m")
+
+
+def _host_panels(lay: Layout) -> None:
     host = TARGET + ',cc=~"$cc"'
     lay.row("Host (all flows, from in-kernel aggregates)")
     lay.add(panel("stat", "Open flows", "TCP flows the kernel side tracks as open, all algorithms selected.",
@@ -179,6 +203,8 @@ def live_flows() -> dict:
                       f"sum by (cc) (rate(ccscope_flow_bytes_sent_total{{{host}}}[$__rate_interval]))", "{{cc}}"),
                thresholds=[(0.05, "red")]))
 
+
+def _per_flow_panels(lay: Layout) -> None:
     lay.row("Per flow (top-N flows the daemon exports)")
     fs = FLOW_SEL
     lay.add(ts("Congestion window", "snd_cwnd in segments (ccscope_flow_cwnd_segments).", "short",
@@ -222,6 +248,8 @@ def live_flows() -> dict:
     lay.add(ts("Exported flows by algorithm", "Per-flow series by congestion control algorithm.", "short",
                target(f"count by (cc) (ccscope_flow_cwnd_segments{{{fs}}})", "{{cc}}")), w=12, h=6)
 
+
+def _pod_panels(lay: Layout) -> None:
     lay.row("By pod (ccscope daemon --labels pod,container: host aggregates by cgroup)")
     pods = TARGET + "," + WORKLOAD_SEL
     lay.add(ts("Queueing delay p90 by pod",
@@ -238,6 +266,8 @@ def live_flows() -> dict:
                target(f"sum by (namespace, pod) (ccscope_cgroup_flows{{{pods}}})", "{{namespace}}/{{pod}}")),
             w=8)
 
+
+def _daemon_health_panels(lay: Layout) -> None:
     lay.row("Daemon health")
     lay.add(ts("Tracked and exported flows", "Flows in the kernel map and flows with per-flow series (--flows).",
                "short", *refs(target(f"ccscope_tracked_flows{{{TARGET}}}", "tracked {{instance}}"),
@@ -264,23 +294,6 @@ def live_flows() -> dict:
     for p in lay.panels:
         if p["type"] == "table":
             p["targets"][0]["format"] = "table"
-    variables = [datasource_var(), *job_instance_vars(),
-                 query_var("namespace", "Kubernetes namespace",
-                           f'label_values(ccscope_flow_cwnd_segments{{{TARGET}}}, namespace)'),
-                 query_var("pod", "Pod",
-                           f'label_values(ccscope_flow_cwnd_segments{{{TARGET},namespace=~"$namespace"}}, pod)'),
-                 query_var("container", "Container ID",
-                           f'label_values(ccscope_flow_cwnd_segments{{{TARGET},namespace=~"$namespace",'
-                           f'pod=~"$pod"}}, container)'),
-                 query_var("netns", "Network namespace",
-                           f'label_values(ccscope_flow_cwnd_segments{{{TARGET},{WORKLOAD_SEL}}}, netns)'),
-                 query_var("cc", "Algorithm", f'label_values(ccscope_tcp_flows{{{TARGET}}}, cc)'),
-                 query_var("flow", "Flow",
-                           f'label_values(ccscope_flow_cwnd_segments{{{TARGET},{WORKLOAD_SEL},netns=~"$netns",'
-                           f'cc=~"$cc"}}, flow)')]
-    return dashboard("ccscope-live-flows", "ccscope — live flows",
-                     "Per-flow TCP congestion telemetry (cwnd, ssthresh, RTT, queueing delay, retransmits, rates) "
-                     "from ccscope's eBPF exporter.", ["ccscope", "tcp"], variables, lay.panels, [], "now-15m")
 
 
 # --- ccscope — scenario --------------------------------------------------------------------------------

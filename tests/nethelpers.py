@@ -1,7 +1,9 @@
-"""Small namespace/veth helpers for the telemetry tests (no dependency on ccscope.emulation).
+"""The one helper module of the tests, the benches and the kernel-lab guest checks: namespaces, veth links,
+TCP_INFO, free ports, a real `ccscope daemon` to scrape. Standard library only, no dependency on
+ccscope.emulation (it is what some of them test).
 
-Everything made here is named with the test process id, so parallel runs and other engineers' namespaces
-never collide, and `Link.close()` removes it all (call it from a finally or a fixture).
+Everything made here is named with the process id, so parallel runs and other engineers' namespaces
+never collide, and `Link.close()` / `netns()` remove it all (call them from a finally or a fixture).
 """
 
 from __future__ import annotations
@@ -20,17 +22,19 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
+CCSCOPE = [sys.executable, "-m", "ccscope.cli"]
 CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)
 _counter = iter(range(1_000_000))
 
-# struct tcp_info (include/uapi/linux/tcp.h): 8 u8 fields, then u32 fields from byte 8.
-TCPI_RTT = 68           # tcpi_rtt, microseconds (srtt >> 3)
-TCPI_SND_CWND = 80      # tcpi_snd_cwnd, segments
-TCPI_TOTAL_RETRANS = 100
+# struct tcp_info (include/uapi/linux/tcp.h): 8 u8 fields, then u32 fields from byte 8, u64 ones from 104.
 TCPI_CA_STATE = 1
-TCPI_UNACKED = 24       # tcpi_unacked, segments
+TCPI_U32 = {"unacked": 24, "rtt_us": 68, "snd_cwnd": 80, "total_retrans": 100, "min_rtt_us": 148}
+TCPI_U64 = {"pacing_rate": 104, "bytes_acked": 120}
+TCPI_SNAPLEN = 232
 
 
 def run(*cmd: str, check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess:
@@ -38,19 +42,20 @@ def run(*cmd: str, check: bool = True, timeout: float = 30) -> subprocess.Comple
 
 
 def tcp_info(sock: socket.socket) -> dict[str, int]:
-    raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 232)
-    return {
-        "ca_state": raw[TCPI_CA_STATE],
-        "unacked": struct.unpack_from("I", raw, TCPI_UNACKED)[0],
-        "rtt_us": struct.unpack_from("I", raw, TCPI_RTT)[0],
-        "snd_cwnd": struct.unpack_from("I", raw, TCPI_SND_CWND)[0],
-        "total_retrans": struct.unpack_from("I", raw, TCPI_TOTAL_RETRANS)[0],
-    }
+    """The struct tcp_info fields the tests compare with the telemetry (rtt_us is srtt >> 3, in us)."""
+    raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, TCPI_SNAPLEN)
+    info = {"ca_state": raw[TCPI_CA_STATE]}
+    info.update({name: struct.unpack_from("I", raw, off)[0] for name, off in TCPI_U32.items()})
+    info.update({name: struct.unpack_from("Q", raw, off)[0] for name, off in TCPI_U64.items()})
+    return info
 
 
 @contextlib.contextmanager
-def in_netns(name: str) -> Iterator[None]:
-    """Switch this thread into a named namespace; sockets created inside stay in it after we leave."""
+def in_netns(name: str | None) -> Iterator[None]:
+    """Switch this thread into a named namespace (None: stay); sockets created inside stay in it after we leave."""
+    if name is None:
+        yield
+        return
     own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
     target = os.open(f"/run/netns/{name}", os.O_RDONLY)
     try:
@@ -189,6 +194,76 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@contextlib.contextmanager
+def netns(tag: str) -> Iterator[str]:
+    """A scratch namespace with loopback up, removed with everything running in it."""
+    name = f"ccst{os.getpid()}{tag}"
+    run("ip", "netns", "add", name)
+    try:
+        run("ip", "-n", name, "link", "set", "lo", "up")
+        yield name
+    finally:
+        kill_netns_processes(name)
+        run("ip", "netns", "del", name, check=False)
+
+
+def held_prog_ids(pid: int) -> set[int]:
+    """Ids of the BPF programs a process holds, from its fdinfo."""
+    ids = set()
+    for fd in Path(f"/proc/{pid}/fdinfo").iterdir():
+        with contextlib.suppress(OSError):
+            for line in fd.read_text().splitlines():
+                if line.startswith("prog_id:"):
+                    ids.add(int(line.split()[1]))
+    return ids
+
+
+class Daemon:
+    """A real `ccscope daemon` subprocess on a free port, scraped over HTTP as Prometheus would."""
+
+    def __init__(self, *args: str) -> None:
+        self.port = free_port()
+        self.proc = subprocess.Popen([*CCSCOPE, "daemon", "--listen", f"127.0.0.1:{self.port}", *args],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        line = self.proc.stderr.readline()  # "serving ..." once attached, or the one-line error
+        if "serving" not in line:
+            self.stop()
+            raise RuntimeError(f"daemon did not start: {line}{self.proc.stderr.read()}")
+
+    def scrape_text(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=30) as resp:
+            return resp.read().decode()
+
+    def scrape(self) -> list[tuple[str, dict[str, str], float]]:
+        return parse_metrics(self.scrape_text())
+
+    def metric(self, name: str, text: str | None = None) -> float:
+        """The first sample of `name` (a scrape of its own unless `text` is given)."""
+        for line in (text or self.scrape_text()).splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                return float(line.rsplit(" ", 1)[1])
+        raise KeyError(name)
+
+    def stop(self, sig: int = signal.SIGTERM) -> tuple[int, str]:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        return self.proc.returncode, self.proc.stderr.read()
+
+
+@contextlib.contextmanager
+def daemon(*args: str) -> Iterator[Daemon]:
+    running = Daemon(*args)
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
 class Sink:
     """A TCP server that reads and discards everything, in a background thread."""
 
@@ -254,50 +329,8 @@ def parse_metrics(text: str) -> list[tuple[str, dict[str, str], float]]:
     return samples
 
 
-# --- the daemon as a user runs it ----------------------------------------------------------------------------
-
-
 def cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "ccscope.cli", *args]
-
-
-class Daemon:
-    """A real `ccscope daemon` subprocess, scraped over HTTP like Prometheus would."""
-
-    def __init__(self, *args: str) -> None:
-        self.port = free_port()
-        self.proc = subprocess.Popen(cli("daemon", "--listen", f"127.0.0.1:{self.port}", *args),
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        line = self.proc.stderr.readline()  # "serving ..." once attached, or the one-line error
-        if "serving" not in line:
-            self.stop()
-            raise AssertionError(f"daemon did not start: {line}{self.proc.stderr.read()}")
-
-    def scrape_text(self) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as resp:
-            return resp.read().decode()
-
-    def scrape(self) -> list[tuple[str, dict[str, str], float]]:
-        return parse_metrics(self.scrape_text())
-
-    def stop(self, sig: int = signal.SIGTERM) -> tuple[int, str]:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        return self.proc.returncode, self.proc.stderr.read()
-
-
-@contextlib.contextmanager
-def daemon(*args: str) -> Iterator[Daemon]:
-    running = Daemon(*args)
-    try:
-        yield running
-    finally:
-        running.stop()
+    return [*CCSCOPE, *args]
 
 
 def values(samples, name: str, **labels: str) -> list[float]:

@@ -41,7 +41,7 @@ def assert_one_line_error(result: subprocess.CompletedProcess, code: int, *needl
     (["daemon", "--flows", "top:0"], "--flows top:N 0"),
     (["daemon", "--flows", "bottom:3"], "--flows"),
     (["daemon", "--sample-interval", "-1"], "--sample-interval '-1'"),
-    (["daemon", "--sample-interval", "1h"], "--sample-interval 1h is out of range"),
+    (["daemon", "--sample-interval", "1h"], "--sample-interval '1h' is out of range"),
     (["daemon", "--grace", "soon"], "--grace"),
     (["daemon", "--max-flows", "1"], "--max-flows 1"),
     (["daemon", "--tls-cert", "/x.pem"], "--tls-cert and --tls-key"),

@@ -15,7 +15,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 from cgrouphelpers import Tree, cgroup_tree, kubepods_systemd, pod_logs
+from nethelpers import free_port
 from prereqs import ROOT, require, require_bpf_object, require_root, require_tools
 
 DASHBOARDS = ROOT / "dashboards"
@@ -124,12 +124,6 @@ def test_live_dashboard_variables():
 
 
 # --- the live stack ----------------------------------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _get(url: str, timeout: float = 10) -> bytes:
@@ -257,7 +251,7 @@ def stack():
             "burst", "16kb", "limit", "100kb")
         inodes = {os.stat(f"/run/netns/{ns}").st_ino for ns in (ns_a, ns_b)}
 
-        daemon_port, scenario_port, prom_port = _free_port(), _free_port(), _free_port()
+        daemon_port, scenario_port, prom_port = free_port(), free_port(), free_port()
         st = Stack(f"http://127.0.0.1:{prom_port}", f"http://127.0.0.1:{daemon_port}/metrics",
                    f"http://127.0.0.1:{scenario_port}/metrics", sender_netns=str(os.stat(f"/run/netns/{ns_a}").st_ino))
         procs.append(subprocess.Popen(

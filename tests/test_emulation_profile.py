@@ -151,7 +151,7 @@ def test_require_algorithms_names_the_available_ones():
 
 def test_missing_tool_names_the_package(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
-    with pytest.raises(PrerequisiteError, match=r"iperf3 is not installed \(apt install iperf3"):
+    with pytest.raises(PrerequisiteError, match=r"iperf3 is not installed \(install it: apt-get install iperf3\)"):
         need("iperf3")
-    with pytest.raises(PrerequisiteError, match=r"apt install iputils-ping"):
+    with pytest.raises(PrerequisiteError, match=r"apt-get install iputils-ping"):
         need("ping")

@@ -8,7 +8,10 @@ import subprocess
 
 import pytest
 from ccscope import bpf_types as bt
-from prereqs import ROOT, require_bpf_object, require_tools
+from ccscope.errors import BpfError
+from ccscope.libbpf import Libbpf
+from ccscope.loader import TelemetryProbe, object_path
+from prereqs import ROOT, require_bpf_object, require_root, require_tools
 
 _TYPE = re.compile(r"^\[(\d+)\] (\w+) '([^']*)'(.*)$")
 _MEMBER = re.compile(r"^\s+'([^']*)' type_id=(\d+) bits_offset=(\d+)(?: bitfield_size=(\d+))?$")
@@ -18,8 +21,6 @@ def _btf_types() -> dict[int, dict]:
     """`bpftool btf dump format raw` -> {type id: {kind, name, attrs, members}}."""
     require_tools("bpftool")
     require_bpf_object()
-    from ccscope.loader import object_path
-
     out = subprocess.run(["bpftool", "btf", "dump", "file", str(object_path()), "format", "raw"],
                          capture_output=True, text=True, check=True).stdout
     types: dict[int, dict] = {}
@@ -81,3 +82,39 @@ def test_constants_and_enums_match_header() -> None:
                     if k.startswith(prefix) and k != "CCSCOPE_CNT_MAX"}
         assert declared == {m.name: m.value for m in enum}, prefix
     assert enums["CCSCOPE_CNT_MAX"] == bt.COUNTER_SLOTS
+
+
+def _object_maps() -> dict[str, tuple[int, int]]:
+    """Map name -> (key size, value size) as libbpf reads them from the object (open only: no root)."""
+    require_bpf_object()
+    libbpf = Libbpf()
+    lib = libbpf.lib
+    obj = libbpf.check_ptr(lib.bpf_object__open_file(str(object_path()).encode(), None), "open")
+    try:
+        maps, bpf_map = {}, None
+        while bpf_map := lib.bpf_object__next_map(obj, bpf_map):
+            name = lib.bpf_map__name(bpf_map).decode()
+            if "." not in name:  # libbpf's own .rodata/.bss maps
+                maps[name] = (lib.bpf_map__key_size(bpf_map), lib.bpf_map__value_size(bpf_map))
+        return maps
+    finally:
+        lib.bpf_object__close(obj)
+
+
+def test_every_map_has_a_mirror_of_the_same_size() -> None:
+    maps = _object_maps()
+    assert set(maps) == set(bt.MAP_LAYOUTS) | set(bt.KERNEL_ONLY_MAPS)
+    for name, (key_type, value_type) in bt.MAP_LAYOUTS.items():
+        assert maps[name] == (ctypes.sizeof(key_type), ctypes.sizeof(value_type)), name
+
+
+def test_loader_refuses_a_map_whose_mirror_differs(monkeypatch) -> None:
+    """A daemon whose Flow mirror drifted from the object's must stop before loading, naming the fix."""
+    require_root()
+    require_bpf_object()
+    monkeypatch.setitem(bt.MAP_LAYOUTS, "flows", (bt.u64, bt.Hist))
+    with pytest.raises(BpfError) as info, TelemetryProbe():
+        pass
+    line = info.value.line()
+    assert f"map flows in {object_path()} has 8-byte keys and {ctypes.sizeof(bt.Flow)}-byte values" in line
+    assert f"this ccscope reads 8 and {ctypes.sizeof(bt.Hist)}" in line and "make bpf" in line

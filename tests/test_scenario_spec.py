@@ -172,7 +172,7 @@ def test_cli_missing_iperf3(ccscope_cmd, tmp_path):
     env = dict(os.environ, PATH=str(bindir))
     res = _cli(ccscope_cmd, "scenario", "wired-vs-wireless", "--quick", "--out", str(tmp_path / "out"), env=env)
     assert res.returncode == 3
-    assert "iperf3 not found (install it: apt-get install iperf3)" in _one_error_line(res)
+    assert "iperf3 is not installed (install it: apt-get install iperf3)" in _one_error_line(res)
     assert not (tmp_path / "out").exists()
 
 

@@ -13,9 +13,9 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
+from ccscope import bpf_types as bt
 from nethelpers import (
     Daemon,
     Link,
@@ -23,6 +23,7 @@ from nethelpers import (
     cli,
     connect,
     daemon,
+    held_prog_ids,
     parse_metrics,
     tcp_info,
     values,
@@ -154,6 +155,7 @@ def test_close_record_retransmits_exact(link: Link, probe, cc: str) -> None:
     link.shape(rate="30mbit", burst="16kb", limit="24kb")
     sink = Sink(socket.AF_INET, link.addr_b, port, link.b)
     sock = connect(socket.AF_INET, link.addr_b, port, link.a, cc)
+    closed_before = probe.counters()[bt.Counter.FLOWS_CLOSED]
     try:
         cookie = cookie_of(sock)
         sock.sendall(b"x" * (4 << 20))  # ~1.1 s at 30 Mbit/s
@@ -170,6 +172,7 @@ def test_close_record_retransmits_exact(link: Link, probe, cc: str) -> None:
         assert flow.retransmits == info["total_retrans"]
         assert flow.bytes_acked == (4 << 20) + 2  # SYN and FIN each take one sequence number
         assert flow.cc == cc and flow.state == "close"
+        assert probe.counters()[bt.Counter.FLOWS_CLOSED] >= closed_before + 1  # other flows on the host may close too
     finally:
         sink.close()
 
@@ -404,25 +407,16 @@ def test_metrics_pass_promtool(link: Link) -> None:
     samples = parse_metrics(text)
     # the per-flow families, host aggregates and health metrics are all there
     for name in ("ccscope_flow_cwnd_segments", "ccscope_tcp_srtt_seconds_bucket", "ccscope_tracked_flows",
-                 "ccscope_bpf_probe_events_total", "ccscope_tcp_flows_started_total", "ccscope_build_info"):
+                 "ccscope_bpf_probe_events_total", "ccscope_tcp_flows_started_total", "ccscope_build_info",
+                 "ccscope_bpf_flows_closed_total", "ccscope_bpf_flow_insert_failures_total"):
         assert values(samples, name), name
-
-
-def _bpf_prog_ids(pid: int) -> set[int]:
-    ids = set()
-    for fd in Path(f"/proc/{pid}/fdinfo").iterdir():
-        with contextlib.suppress(OSError):
-            for line in fd.read_text().splitlines():
-                if line.startswith("prog_id:"):
-                    ids.add(int(line.split()[1]))
-    return ids
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_signal_detaches_programs(sig: int) -> None:
     running = Daemon()
     try:
-        ids = _bpf_prog_ids(running.proc.pid)
+        ids = held_prog_ids(running.proc.pid)
         progs = json.loads(subprocess.check_output(["bpftool", "prog", "show", "-j"]))
         loaded = {p["id"]: p.get("name") for p in progs}
         assert {loaded.get(i) for i in ids} >= {"tcp_probe", "tcp_retransmit_skb"}

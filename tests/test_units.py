@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import itertools
 import json
+import re
 import socket
 
 import pytest
@@ -13,7 +14,7 @@ from ccscope.cli import FLOW_COLUMNS, _bytes, _rate, _trace_line, format_flows
 from ccscope.errors import UsageError
 from ccscope.exporter import histogram_buckets
 from ccscope.flows import FlowFilter, FlowSelection, decode
-from ccscope.units import parse_duration, parse_listen
+from ccscope.units import parse_duration, parse_listen, parse_loss, parse_rate, parse_size
 
 
 def raw_flow(**fields) -> bt.Flow:
@@ -87,22 +88,71 @@ def test_as_dict_is_json() -> None:
 
 
 @pytest.mark.parametrize("text, seconds", [("10ms", 0.01), ("2s", 2.0), ("1m", 60.0), ("1h", 3600.0),
-                                           ("250us", 0.00025), ("1.5", 1.5), (" 3 s ", 3.0), (".5s", 0.5)])
+                                           ("250us", 0.00025), ("1.5", 1.5), (" 3 s ", 3.0), (".5s", 0.5),
+                                           ("2min", 120.0), ("10MS", 0.01), ("1e3", 1000.0), (0.25, 0.25)])
 def test_parse_duration(text: str, seconds: float) -> None:
-    assert parse_duration("--x", text) == pytest.approx(seconds)
+    assert parse_duration(text, "--x") == pytest.approx(seconds)
 
 
-@pytest.mark.parametrize("text", ["-1", "", "ten", "10 parsecs", "1e3", "ms"])
-def test_parse_duration_rejects(text: str) -> None:
-    with pytest.raises(UsageError, match="--x"):
-        parse_duration("--x", text)
+@pytest.mark.parametrize("text, words", [("-1", "is negative"), ("", "is not a duration"),
+                                         ("ten", "is not a duration"), ("10 parsecs", "is not a duration"),
+                                         ("ms", "is not a duration"), ("1e999s", "is not a finite number")])
+def test_parse_duration_rejects(text: str, words: str) -> None:
+    with pytest.raises(UsageError) as info:
+        parse_duration(text, "--x")
+    assert info.value.line() == f"--x {text!r} {words}" + (" (examples: 10ms, 2s, 1m)" if "not a dur" in words else "")
 
 
-def test_parse_duration_range() -> None:
+def test_parse_duration_range_names_the_bounds_in_the_callers_words() -> None:
+    with pytest.raises(UsageError, match=r"^--sample-interval '20s' is out of range \(0.1ms to 10s\)$"):
+        parse_duration("20s", "--sample-interval", 0.0001, 10.0)
     with pytest.raises(UsageError, match="out of range"):
-        parse_duration("--sample-interval", "20s", 0.0001, 10.0)
-    with pytest.raises(UsageError, match="out of range"):
-        parse_duration("--sample-interval", "10us", 0.0001, 10.0)
+        parse_duration("10us", "--sample-interval", 0.0001, 10.0)
+    with pytest.raises(UsageError, match=r"^x.yaml: delay: '11s' is longer than 10s, too long$"):
+        parse_duration("11s", "x.yaml: delay", 0, 10, too_high="is longer than {high}, too long")
+    with pytest.raises(UsageError, match="expected a duration"):
+        parse_duration(True, "x.yaml: delay")
+
+
+@pytest.mark.parametrize("raw, size", [("1KB", 1000), ("64KiB", 65536), ("1MB", 10**6), ("2 mib", 2 << 20),
+                                       (1500, 1500), ("1gb", 10**9), ("10", 10), ("1.5k", 1500)])
+def test_parse_size(raw, size: int) -> None:
+    assert parse_size(raw, "s") == size
+
+
+@pytest.mark.parametrize("raw, words", [("1.5", "not a positive whole number of bytes"), (0, "not a positive whole"),
+                                        ("-1KB", "is negative"), ("1 furlong", "is not a size"),
+                                        ("2KB", "is out of range (1B to 1.5KB)"), (True, "expected a size")])
+def test_parse_size_rejects(raw, words: str) -> None:
+    with pytest.raises(UsageError, match=re.escape(words)):
+        parse_size(raw, "s", 1, 1500)
+
+
+@pytest.mark.parametrize("raw, bps", [("50mbit", 50e6), ("1.5Mbit/s", 1.5e6), ("10 Gbps", 10e9), (2e7, 2e7),
+                                      ("800kbit", 8e5), ("unlimited", None), (None, None)])
+def test_parse_rate(raw, bps) -> None:
+    assert parse_rate(raw, "r") == bps
+
+
+def test_parse_rate_bounds() -> None:
+    with pytest.raises(UsageError, match=r"^r: 10 is below 1 kbit/s, too slow$"):
+        parse_rate(10, "r", 1e3, 1e9, too_low="is below {low}, too slow")
+    with pytest.raises(UsageError, match=re.escape("r: '2gbit' is out of range (1 kbit/s to 1 Gbit/s)")):
+        parse_rate("2gbit", "r", 1e3, 1e9)
+    with pytest.raises(UsageError, match="not a positive rate"):
+        parse_rate("0mbit", "r")
+
+
+@pytest.mark.parametrize("raw, fraction", [("1%", 0.01), ("0.5 %", 0.005), (0.01, 0.01), (0, 0.0)])
+def test_parse_loss(raw, fraction: float) -> None:
+    assert parse_loss(raw, "l") == pytest.approx(fraction)
+
+
+@pytest.mark.parametrize("raw, words", [("100%", "would drop every packet"), ("150%", "not a loss fraction"),
+                                        ("-1%", "not a loss fraction"), ("lots", "is not a loss")])
+def test_parse_loss_rejects(raw, words: str) -> None:
+    with pytest.raises(UsageError, match=words):
+        parse_loss(raw, "l")
 
 
 @pytest.mark.parametrize("text, expected", [("127.0.0.1:9977", ("127.0.0.1", 9977)), (":9977", ("0.0.0.0", 9977)),
@@ -190,11 +240,11 @@ def test_bytes_format(value: int, text: str) -> None:
 def test_format_flows_table() -> None:
     flow = decode(raw_flow(saddr="192.0.2.1", daddr="192.0.2.2"))
     lines = format_flows([flow]).splitlines()
-    assert lines[0].split() == [title for title, _, _ in FLOW_COLUMNS]
+    assert lines[0].split() == [title for title, _, _ in FLOW_COLUMNS] + ["CGROUP/POD"]
     row = lines[1].split()
     assert row[0] == "192.0.2.1:40000->192.0.2.2:5201"
     assert row[2:8] == ["cubic", "open", "20", "14", "12.50ms", "10.00ms"]
-    assert row[-1] == "7"
+    assert row[-3:] == ["7", "-", "-"]  # retransmits; this record names no process, and no cgroup resolver
 
 
 def test_trace_line_json_and_text() -> None:

@@ -17,8 +17,10 @@ u8, u16, u32, u64 = ctypes.c_uint8, ctypes.c_uint16, ctypes.c_uint32, ctypes.c_u
 
 class Event(enum.IntEnum):
     PROBE = 1
-    RETRANSMIT = 2
     CLOSE = 3
+
+
+EVENT_NAMES = {e.value: e.name.lower() for e in Event}
 
 
 class HistKind(enum.IntEnum):
@@ -136,6 +138,21 @@ FlowTuple = namedtuple("FlowTuple", [name.lstrip("_") for name, _ in Flow._field
 def unpack_flow(data: bytes) -> FlowTuple:
     return FlowTuple._make(FLOW_STRUCT.unpack_from(data))
 
+
+# Map in ccscope.bpf.c -> ctypes mirrors of its key and value (per-CPU maps: one CPU's value). The loader
+# refuses an object whose sizes differ, as ebpf_exporter does: a stale ccscope.bpf.o next to a newer daemon
+# would otherwise be read as garbage.
+MAP_LAYOUTS: dict[str, tuple[type, type]] = {
+    "flows": (u64, Flow),
+    "cc_stats": (CcKey, CcStats),
+    "hists": (HistKey, Hist),
+    "counters": (u32, u64),
+    "config": (u32, Config),
+    "cgroup_stats": (u64, CgroupStats),
+    "owners": (u64, Owner),
+    "listeners": (ListenerKey, Owner),
+}
+KERNEL_ONLY_MAPS = ("gates", "samples")  # not read by key here (samples: a ring buffer of Flow records)
 
 # Name in ccscope.h -> ctypes mirror, for the layout test.
 SHARED_STRUCTS: dict[str, type[ctypes.Structure]] = {

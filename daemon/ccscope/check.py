@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import ctypes
 import platform
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import loader
 from .errors import CcscopeError
+from .hosttools import PACKAGES, SCENARIO_TOOLS, missing
 
 REQUIRED_TRACEPOINTS = ("tcp_probe", "tcp_retransmit_skb", "inet_sock_set_state")
-SCENARIO_TOOLS = {"iperf3": "iperf3", "ping": "iputils-ping", "tc": "iproute2", "ip": "iproute2",
-                  "iptables": "iptables", "ethtool": "ethtool"}
 
 
 @dataclass(frozen=True)
@@ -104,9 +102,9 @@ def check_algorithms() -> Result:
 
 
 def check_tools() -> Result:
-    missing = sorted({pkg for tool, pkg in SCENARIO_TOOLS.items() if not shutil.which(tool)})
-    if missing:
-        return Result("scenario tools", "warn", f"missing for scenarios: apt-get install {' '.join(missing)}")
+    packages = sorted({PACKAGES[tool] for tool in missing(*SCENARIO_TOOLS)})
+    if packages:
+        return Result("scenario tools", "warn", f"missing for scenarios: apt-get install {' '.join(packages)}")
     return Result("scenario tools", "ok", ", ".join(SCENARIO_TOOLS))
 
 

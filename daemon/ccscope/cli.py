@@ -17,14 +17,14 @@ from prometheus_client import CollectorRegistry
 
 from . import __version__, check
 from .attribution import Attribution, Attributor, LabelOptions
+from .bpf_types import EVENT_NAMES, Counter
 from .errors import CcscopeError, PrerequisiteError, UsageError
 from .exporter import FlowCollector
 from .flows import FlowFilter, FlowRecord, FlowSelection, FlowTable, decode, monotonic_ns
 from .loader import ProbeOptions, TelemetryProbe
 from .server import MetricsServer, load_basic_auth
-from .units import parse_duration, parse_listen
+from .units import DEFAULT_LISTEN, parse_duration, parse_listen
 
-DEFAULT_LISTEN = "127.0.0.1:9977"
 SORT_KEYS: dict[str, Callable[[FlowRecord], float]] = {
     "bytes": lambda f: f.bytes_total,
     "cwnd": lambda f: f.cwnd_segments,
@@ -91,7 +91,7 @@ def _attributor(args: argparse.Namespace, required: bool, cgroup_depth: int = 0)
 
 
 def _probe_options(args: argparse.Namespace, emit_samples: bool) -> ProbeOptions:
-    interval = parse_duration("--sample-interval", args.sample_interval, 0.0001, 10.0)
+    interval = parse_duration(args.sample_interval, "--sample-interval", 0.0001, 10.0)
     if not 64 <= args.max_flows <= 4_000_000:
         raise UsageError(f"--max-flows {args.max_flows} is out of range 64..4000000")
     return ProbeOptions(max_flows=args.max_flows, sample_interval_ns=int(interval * 1e9),
@@ -111,7 +111,7 @@ def _add_probe_flags(parser: argparse.ArgumentParser) -> None:
 def cmd_daemon(args: argparse.Namespace) -> int:
     host, port = parse_listen(args.listen)
     selection = FlowSelection.parse(args.flows)
-    grace = parse_duration("--grace", args.grace, 0.0, 3600.0)
+    grace = parse_duration(args.grace, "--grace", 0.0, 3600.0)
     if bool(args.tls_cert) != bool(args.tls_key):
         raise UsageError("--tls-cert and --tls-key go together")
     tls = (Path(args.tls_cert), Path(args.tls_key)) if args.tls_cert else None
@@ -212,7 +212,7 @@ def _attributed(flow: FlowRecord, attributor: Attributor | None) -> dict:
 
 
 def cmd_flows(args: argparse.Namespace) -> int:
-    interval = parse_duration("--interval", args.interval, 0.1, 3600.0)
+    interval = parse_duration(args.interval, "--interval", 0.1, 3600.0)
     attributor = _attributor(args, required=False)
     flow_filter = _filter(args, attributor)
     stop = _stop_event()
@@ -246,7 +246,7 @@ def _trace_line(flow: FlowRecord, wall_offset: float, as_json: bool, attributor:
     if as_json:
         data = _attributed(flow, attributor)
         data["time"] = round(wall, 6)
-        data["event"] = {1: "probe", 2: "retransmit", 3: "close"}.get(flow.event, str(flow.event))
+        data["event"] = EVENT_NAMES.get(flow.event, str(flow.event))
         return json.dumps(data)
     return (f"{time.strftime('%H:%M:%S', time.localtime(wall))}.{int(wall % 1 * 1e3):03d} {flow.name} "
             f"{flow.cc} cwnd={flow.cwnd_segments} srtt={flow.srtt_s * 1e3:.2f}ms "
@@ -254,7 +254,7 @@ def _trace_line(flow: FlowRecord, wall_offset: float, as_json: bool, attributor:
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
-    duration = parse_duration("--duration", args.duration, 0.0, 30 * 86400) if args.duration else None
+    duration = parse_duration(args.duration, "--duration", 0.0, 30 * 86400) if args.duration else None
     if args.count is not None and args.count < 1:
         raise UsageError("--count must be at least 1")
     attributor = _attributor(args, required=False)
@@ -289,8 +289,6 @@ def cmd_trace(args: argparse.Namespace) -> int:
         finally:
             ring.close()
             lost = probe.counters()
-    from .bpf_types import Counter
-
     if lost[Counter.SAMPLES_LOST]:
         print(f"ccscope: {lost[Counter.SAMPLES_LOST]} samples lost (ring buffer full)", file=sys.stderr)
     _quiet_stdout_close()

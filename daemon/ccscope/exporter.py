@@ -266,6 +266,9 @@ class FlowCollector(Collector):
             (bt.Counter.SAMPLES, "ccscope_bpf_samples", "Samples written to the ring buffer."),
             (bt.Counter.SAMPLES_LOST, "ccscope_bpf_samples_lost", "Samples dropped because the ring buffer was full."),
             (bt.Counter.RETRANSMIT_EVENTS, "ccscope_bpf_retransmit_events", "tcp_retransmit_skb tracepoint hits."),
+            (bt.Counter.FLOWS_CLOSED, "ccscope_bpf_flows_closed", "Tracked flows that reached TCP_CLOSE."),
+            (bt.Counter.FLOW_MAP_FULL, "ccscope_bpf_flow_insert_failures",
+             "New flows the kernel side could not add to its flow map (not tracked until a later segment)."),
         ):
             yield CounterMetricFamily(name, help_text, value=counters[counter])
         yield self._build_info()

@@ -1,8 +1,8 @@
 """A small ctypes binding over libbpf.so.1: just the calls ccscope needs.
 
-libbpf ≥ 1.0 returns NULL (pointers) or -errno (ints) and sets errno, so every
-wrapper turns a failure into an OSError carrying errno and libbpf's own last
-log line.
+libbpf ≥ 1.0 returns NULL (pointers) or -errno (ints) and sets errno. Every
+failure becomes one BpfError through Libbpf.error(): what failed, and why in
+libbpf's own words (the verifier's verdict for a rejected program) or errno's.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import errno
 import os
 from collections.abc import Callable
 
-from .errors import PrerequisiteError
+from .errors import BpfError, CcscopeError, PrerequisiteError
 
 LIBBPF_NAMES = ("libbpf.so.1", "libbpf.so")
 
@@ -37,6 +37,8 @@ def _signatures(lib: ctypes.CDLL) -> None:
         "bpf_object__load": ([p], i),
         "bpf_object__close": ([p], None),
         "bpf_object__find_map_by_name": ([p, ctypes.c_char_p], p),
+        "bpf_object__next_map": ([p, p], p),
+        "bpf_map__name": ([p], ctypes.c_char_p),
         "bpf_object__find_program_by_name": ([p, ctypes.c_char_p], p),
         "bpf_object__next_program": ([p, p], p),
         "bpf_program__name": ([p], ctypes.c_char_p),
@@ -47,6 +49,8 @@ def _signatures(lib: ctypes.CDLL) -> None:
         "bpf_iter_create": ([i], i),
         "bpf_program__set_autoload": ([p, ctypes.c_bool], i),
         "bpf_map__set_max_entries": ([p, u32], i),
+        "bpf_map__key_size": ([p], u32),
+        "bpf_map__value_size": ([p], u32),
         "bpf_map__fd": ([p], i),
         "bpf_map_lookup_elem": ([i, p, p], i),
         "bpf_map_update_elem": ([i, p, p, ctypes.c_uint64], i),
@@ -117,16 +121,24 @@ class Libbpf:
                 return f"program {program}: {reason}" if program else reason
         return ""
 
+    def error(self, what: str, ret: int | None = None, fix: str | None = None,
+              kind: type[CcscopeError] = BpfError) -> CcscopeError:
+        """The one report of a failed call: `what: why`, why being what libbpf logged since the last report
+        (it logs on open, load and attach), else errno (map operations log nothing)."""
+        err = -ret if ret is not None and ret < -1 else (ctypes.get_errno() or errno.EINVAL)
+        said = self.last_log()
+        self.log.clear()
+        reason = said.removeprefix("libbpf: ").rstrip(".") if said else os.strerror(err)
+        return kind(f"{what}: {reason}", fix)
+
     def check_ptr(self, ptr: int | None, what: str) -> int:
         if not ptr:
-            err = ctypes.get_errno() or errno.EINVAL
-            raise OSError(err, f"{what}: {os.strerror(err)}")
+            raise self.error(what)
         return ptr
 
     def check_int(self, ret: int, what: str) -> int:
         if ret < 0:
-            err = -ret if ret != -1 else (ctypes.get_errno() or errno.EINVAL)
-            raise OSError(err, f"{what}: {os.strerror(err)}")
+            raise self.error(what, ret)
         return ret
 
 

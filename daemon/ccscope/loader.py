@@ -25,6 +25,7 @@ TRACEPOINTS = {
 DEFAULT_BTF = "/sys/kernel/btf/vmlinux"
 CAP_SYS_ADMIN, CAP_PERFMON, CAP_BPF = 21, 38, 39
 BATCH = 1024
+REBUILD = "rebuild the BPF object with this ccscope: make bpf"
 
 
 def btf_path() -> str:
@@ -134,12 +135,12 @@ class TelemetryProbe:
             opts.btf_custom_path = btf_path().encode()
         path = str(object_path()).encode()
         if not self._load(path, opts, seed=True):
-            reason = self._libbpf_reason()
+            failure = self.libbpf.error("kernel rejected the BPF programs",
+                                        fix="run `ccscope check` to see what this kernel lacks")
             lib.bpf_object__close(self._obj)
             # Kernels before 5.11 lack bpf_sock_from_file: run without owners of pre-existing sockets.
             if not self._load(path, opts, seed=False):
-                raise BpfError(f"kernel rejected the BPF programs: {reason}",
-                               "run `ccscope check` to see what this kernel lacks")
+                raise failure
         for name in ("flows", "samples", "cc_stats", "hists", "counters", "config", "cgroup_stats"):
             self._maps[name] = lib.bpf_map__fd(lib.bpf_object__find_map_by_name(self._obj, name.encode()))
         self._reserve_other_cgroup()
@@ -148,17 +149,19 @@ class TelemetryProbe:
             self._attach(name)
         if self.seeded:
             self._seed_owners()
+        self.libbpf.log.clear()
 
     def _load(self, path: bytes, opts: _OpenOpts, seed: bool) -> bool:
         lib = self.libbpf.lib
-        self._obj = lib.bpf_object__open_file(path, ctypes.byref(opts))
-        if not self._obj:
-            raise BpfError(f"cannot open BPF object {object_path()}: {self._libbpf_reason()}")
+        self._obj = self.libbpf.check_ptr(lib.bpf_object__open_file(path, ctypes.byref(opts)),
+                                          f"cannot open BPF object {object_path()}")
+        self._check_map_layouts()
         if not seed:
             lib.bpf_program__set_autoload(lib.bpf_object__find_program_by_name(self._obj, SEED_PROGRAM.encode()),
                                           False)
         self._size_maps()
         self.seeded = seed
+        self.libbpf.log.clear()  # what open logged is not why a later call fails
         return lib.bpf_object__load(self._obj) == 0
 
     def _seed_owners(self) -> None:
@@ -181,6 +184,19 @@ class TelemetryProbe:
         finally:
             lib.bpf_link__destroy(link)
 
+    def _check_map_layouts(self) -> None:
+        """Refuse an object whose maps' key or value sizes differ from bpf_types' mirrors."""
+        lib = self.libbpf.lib
+        for name, (key_type, value_type) in bt.MAP_LAYOUTS.items():
+            bpf_map = lib.bpf_object__find_map_by_name(self._obj, name.encode())
+            if not bpf_map:
+                raise BpfError(f"BPF object {object_path()} has no map {name}", REBUILD)
+            found = (lib.bpf_map__key_size(bpf_map), lib.bpf_map__value_size(bpf_map))
+            expected = (ctypes.sizeof(key_type), ctypes.sizeof(value_type))
+            if found != expected:
+                raise BpfError(f"map {name} in {object_path()} has {found[0]}-byte keys and {found[1]}-byte values, "
+                               f"this ccscope reads {expected[0]} and {expected[1]}", REBUILD)
+
     def _size_maps(self) -> None:
         lib = self.libbpf.lib
         sizes = {"flows": self.options.max_flows, "owners": self.options.max_flows,
@@ -188,25 +204,17 @@ class TelemetryProbe:
                  "cgroup_stats": self.options.max_cgroups + 1}
         for name, size in sizes.items():
             bpf_map = lib.bpf_object__find_map_by_name(self._obj, name.encode())
-            if not bpf_map or lib.bpf_map__set_max_entries(bpf_map, size) != 0:
-                raise BpfError(f"cannot size map {name} to {size}: {self._libbpf_reason()}")
+            ret = lib.bpf_map__set_max_entries(bpf_map, size) if bpf_map else -errno.ENOENT
+            self.libbpf.check_int(ret, f"cannot size map {name} to {size}")
 
     def _attach(self, name: str) -> None:
         lib = self.libbpf.lib
         prog = lib.bpf_object__find_program_by_name(self._obj, name.encode())
         link = lib.bpf_program__attach(prog) if prog else None
         if not link:
-            raise PrerequisiteError(
-                f"cannot attach to tracepoint {TRACEPOINTS[name]}: {self._libbpf_reason()}",
-                "needs Linux >= 5.8 with BTF; run `ccscope check`",
-            )
+            raise self.libbpf.error(f"cannot attach to tracepoint {TRACEPOINTS[name]}",
+                                    fix="needs Linux >= 5.8 with BTF; run `ccscope check`", kind=PrerequisiteError)
         self._links.append(link)
-
-    def _libbpf_reason(self) -> str:
-        err = ctypes.get_errno()
-        log = self.libbpf.last_log() if self.libbpf else ""
-        reason = log.removeprefix("libbpf: ") if log else os.strerror(err or errno.EINVAL)
-        return reason.rstrip(".")
 
     def close(self) -> None:
         if self.libbpf is None:
@@ -320,9 +328,7 @@ class TelemetryProbe:
         return items
 
     def _check(self, ret: int, what: str) -> None:
-        if ret < 0:
-            err = ctypes.get_errno() or -ret
-            raise BpfError(f"{what}: {os.strerror(err)}")
+        self.libbpf.check_int(ret, what)
 
 
 def _sum_cgroup_stats(values: ctypes.Array) -> bt.CgroupStats:

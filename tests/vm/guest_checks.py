@@ -12,26 +12,22 @@ Nothing here asserts exact figures: TCG timing is noisy.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import re
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
-CLONE_NEWNET = 0x40000000
-_libc = ctypes.CDLL(None, use_errno=True)
-SNAPLEN_TCP_INFO = 232
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from nethelpers import in_netns, tcp_info  # the tests' helpers (standard library only)
 
-
-# --- small helpers (kept here, so the guest side depends on nothing but ccscope) -------------------
+# --- small helpers -------------------------------------------------------------------------------------------
 
 def sh(*cmd: str, check: bool = True, timeout: float = 60) -> str:
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
@@ -50,40 +46,8 @@ def write(path: str, value: str) -> None:
         handle.write(value)
 
 
-def tcp_info(sock: socket.socket) -> dict[str, int]:
-    """struct tcp_info (include/uapi/linux/tcp.h) fields we compare with the telemetry."""
-    raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, SNAPLEN_TCP_INFO)
-
-    def u32(off: int) -> int:
-        return struct.unpack_from("I", raw, off)[0]
-
-    def u64(off: int) -> int:
-        return struct.unpack_from("Q", raw, off)[0]
-
-    return {"ca_state": raw[1], "rtt_us": u32(68), "snd_cwnd": u32(80), "total_retrans": u32(100),
-            "pacing_rate": u64(104), "bytes_acked": u64(120), "min_rtt_us": u32(148)}
-
-
 def congestion(sock: socket.socket) -> str:
     return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).split(b"\0")[0].decode()
-
-
-@contextlib.contextmanager
-def in_netns(name: str | None) -> Iterator[None]:
-    """This thread in a named namespace; sockets made inside stay there after we switch back."""
-    if name is None:
-        yield
-        return
-    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
-    target = os.open(f"/run/netns/{name}", os.O_RDONLY)
-    try:
-        if _libc.setns(target, CLONE_NEWNET) != 0:
-            raise OSError(ctypes.get_errno(), f"setns {name}")
-        yield
-    finally:
-        _libc.setns(own, CLONE_NEWNET)
-        os.close(target)
-        os.close(own)
 
 
 def netns_inode(name: str | None) -> int:

@@ -1,24 +1,11 @@
-"""Running host tools with one-line errors, and the tool -> Debian package map."""
+"""Running host tools with one-line errors."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 
-from ccscope.errors import CcscopeError, PrerequisiteError
-
-PACKAGES = {
-    "ip": "iproute2", "tc": "iproute2", "ss": "iproute2", "iptables": "iptables", "ethtool": "ethtool",
-    "iperf3": "iperf3", "ping": "iputils-ping", "sysctl": "procps",
-}  # fmt: skip
-
-
-def need(*tools: str) -> None:
-    """PrerequisiteError naming the package of the first missing tool."""
-    for tool in tools:
-        if shutil.which(tool) is None:
-            package = PACKAGES.get(tool, tool)
-            raise PrerequisiteError(f"{tool} is not installed", f"apt install {package}, or run tools/bootstrap")
+from ccscope.errors import CcscopeError
+from ccscope.hosttools import need
 
 
 def sh(argv: list[str], *, timeout: float = 30, check: bool = True) -> subprocess.CompletedProcess:

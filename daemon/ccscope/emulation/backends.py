@@ -295,11 +295,15 @@ class DelayLine:
         self.proc: subprocess.Popen | None = None
 
     def start(self, popen) -> subprocess.Popen:
-        self.proc = popen(self.ns, self.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # stderr to a file: a pipe nobody reads during the run would stall the delay line once full
+        err_path = self.stats_path.with_suffix(".err")
+        with err_path.open("wb") as err_file:
+            self.proc = popen(self.ns, self.argv, stdout=subprocess.PIPE, stderr=err_file, text=True)
         line = self.proc.stdout.readline() if self.proc.stdout else ""
         if line.strip() != "ready":
             self.proc.kill()
-            err = self.proc.stderr.read().strip() if self.proc.stderr else ""
+            self.proc.wait()
+            err = err_path.read_text(errors="replace").strip()
             raise CcscopeError(f"ccscope-delayline did not start: {err or line.strip() or 'no output'}")
         return self.proc
 

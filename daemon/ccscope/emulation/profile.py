@@ -32,13 +32,14 @@ next to `up:`/`down:` are defaults that the sections override.
 from __future__ import annotations
 
 import itertools
-import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ccscope import units
 from ccscope.errors import UsageError
+from ccscope.units import NUMBER, is_number, parse_loss, require_finite
 
 ETH_FRAME = 1514  # bytes of a full-MSS frame as tbf counts it (1500 IP + 14 Ethernet)
 MIN_DEFAULT_QUEUE_PACKETS = 10
@@ -49,96 +50,18 @@ MAX_DELAY_S = 10.0
 MAX_QUEUE_PACKETS = 1_000_000
 TRACE_OPPORTUNITY_BYTES = 1500
 
-_RATE_UNITS = {
-    "": 1.0, "bit": 1.0, "bps": 1.0, "b": 1.0,
-    "k": 1e3, "kbit": 1e3, "kbps": 1e3, "kb": 1e3,
-    "m": 1e6, "mbit": 1e6, "mbps": 1e6, "mb": 1e6,
-    "g": 1e9, "gbit": 1e9, "gbps": 1e9, "gb": 1e9,
-}  # fmt: skip
-_TIME_UNITS = {"s": 1.0, "sec": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
-_BYTE_UNITS = {
-    "b": 1, "byte": 1, "bytes": 1,
-    "kb": 1000, "kib": 1024, "k": 1000,
-    "mb": 1000**2, "mib": 1024**2, "m": 1000**2,
-}  # fmt: skip
-_NUM = r"([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)"
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool)
-
-
-def _finite(value: float, where: str, raw: Any) -> float:
-    if not math.isfinite(value):
-        raise UsageError(f"{where}: {raw!r} is not a finite number")
-    return value
 
 
 def parse_rate(raw: Any, where: str) -> float | None:
-    """'50mbit', '1.5Mbit/s', '10 Gbps', 20000000 (bit/s) -> bit/s; None/'unlimited' -> None."""
-    if raw is None or (isinstance(raw, str) and raw.strip().lower() in ("unlimited", "none", "inf")):
-        return None
-    if _is_number(raw):
-        value = float(raw)
-    elif isinstance(raw, str):
-        m = re.fullmatch(_NUM + r"\s*([a-z]*)(?:/s)?", raw.strip().lower())
-        if not m or m.group(2) not in _RATE_UNITS:
-            raise UsageError(f"{where}: {raw!r} is not a rate (examples: 50mbit, 1.5Mbit/s, 800kbit)")
-        value = float(m.group(1)) * _RATE_UNITS[m.group(2)]
-    else:
-        raise UsageError(f"{where}: expected a rate such as 50mbit, got {type(raw).__name__} {raw!r}")
-    _finite(value, where, raw)
-    if value <= 0:
-        raise UsageError(f"{where}: {raw!r} is not a positive rate (omit it for an unlimited link)")
-    if value < 1000:
-        raise UsageError(f"{where}: {raw!r} is below 1 kbit/s, too slow to emulate (write units: 10mbit)")
-    if value > MAX_RATE_BPS:
-        raise UsageError(f"{where}: {raw!r} is above the 10 Gbit/s the emulator can shape")
-    return value
+    """A link rate the emulator can shape, in bit/s (None: unlimited)."""
+    return units.parse_rate(raw, where, 1e3, MAX_RATE_BPS,
+                            too_low="is below {low}, too slow to emulate (write units: 10mbit)",
+                            too_high="is above the {high} the emulator can shape")
 
 
-def parse_duration(raw: Any, where: str, *, allow_zero: bool = True) -> float:
-    """'10ms', '200 ms', '1.5s', '500us', 0.01 (seconds) -> seconds."""
-    if _is_number(raw):
-        value = float(raw)
-    elif isinstance(raw, str):
-        m = re.fullmatch(r"(-?)" + _NUM + r"\s*([a-zµ]*)", raw.strip().lower())
-        if not m or m.group(3) not in _TIME_UNITS:
-            raise UsageError(f"{where}: {raw!r} is not a duration (examples: 10ms, 200 ms, 1.5s)")
-        value = float(m.group(2)) * _TIME_UNITS[m.group(3)] * (-1 if m.group(1) else 1)
-    else:
-        raise UsageError(f"{where}: expected a duration such as 10ms, got {type(raw).__name__} {raw!r}")
-    _finite(value, where, raw)
-    if value < 0:
-        raise UsageError(f"{where}: {raw!r} is negative")
-    if value == 0 and not allow_zero:
-        raise UsageError(f"{where}: {raw!r} must be more than zero")
-    if value > MAX_DELAY_S:
-        raise UsageError(f"{where}: {raw!r} is longer than {MAX_DELAY_S:g} s, too long to emulate")
-    return value
-
-
-def parse_loss(raw: Any, where: str) -> float:
-    """'1%', '0.5 %', 0.01 (a fraction) -> fraction 0..1 (100% is refused: nothing would arrive)."""
-    if _is_number(raw):
-        value = float(raw)
-        shown = f"{raw}"
-    elif isinstance(raw, str):
-        m = re.fullmatch(r"(-?)" + _NUM + r"\s*(%?)", raw.strip())
-        if not m:
-            raise UsageError(f"{where}: {raw!r} is not a loss (examples: 1%, 0.01)")
-        value = float(m.group(2)) * (-1 if m.group(1) else 1)
-        if m.group(3):
-            value /= 100
-        shown = raw.strip()
-    else:
-        raise UsageError(f"{where}: expected a loss such as 1% or 0.01, got {type(raw).__name__} {raw!r}")
-    _finite(value, where, raw)
-    if value == 1:
-        raise UsageError(f"{where}: {shown} would drop every packet (use less than 100%)")
-    if not 0 <= value < 1:
-        raise UsageError(f"{where}: {shown} is not a loss fraction between 0 and 100%")
-    return value
+def parse_delay(raw: Any, where: str) -> float:
+    """A one-way delay or jitter the emulator can hold, in seconds."""
+    return units.parse_duration(raw, where, 0.0, MAX_DELAY_S, too_high="is longer than {high}, too long to emulate")
 
 
 @dataclass(frozen=True)
@@ -158,18 +81,18 @@ class QueueSize:
         """'100p', '100 packets', 100 (packets), '64KB', '1.5bdp', {'packets': 100}."""
         if isinstance(raw, QueueSize):
             return raw
-        if _is_number(raw):
+        if is_number(raw):
             return cls._checked(packets=raw, where=where, raw=raw)
         if isinstance(raw, dict):
             if len(raw) != 1 or next(iter(raw)) not in ("packets", "bytes", "bdp"):
                 raise UsageError(f"{where}: give exactly one of packets, bytes, bdp (got {sorted(raw)})")
             key, value = next(iter(raw.items()))
-            if not _is_number(value):
+            if not is_number(value):
                 raise UsageError(f"{where}.{key}: expected a number, got {value!r}")
             return cls._checked(where=f"{where}.{key}", raw=value, **{key: value})
         if not isinstance(raw, str):
             raise UsageError(f"{where}: expected a queue size such as 100p, 64KB or 1bdp, got {raw!r}")
-        m = re.fullmatch(r"(-?)" + _NUM + r"\s*([a-z]*)", raw.strip().lower())
+        m = re.fullmatch(r"(-?)" + NUMBER + r"\s*([a-z]*)", raw.strip().lower())
         if not m:
             raise UsageError(f"{where}: {raw!r} is not a queue size (examples: 100p, 100 packets, 64KB, 1.5bdp)")
         value = float(m.group(2)) * (-1 if m.group(1) else 1)
@@ -178,15 +101,15 @@ class QueueSize:
             return cls._checked(packets=value, where=where, raw=raw)
         if unit == "bdp":
             return cls._checked(bdp=value, where=where, raw=raw)
-        if unit in _BYTE_UNITS:
-            return cls._checked(bytes=value * _BYTE_UNITS[unit], where=where, raw=raw)
+        if unit and unit in units.BYTES_PER:  # a unitless string is refused below: packets or bytes?
+            return cls._checked(bytes=value * units.BYTES_PER[unit], where=where, raw=raw)
         raise UsageError(f"{where}: unknown queue unit {unit!r} in {raw!r} (use p, packets, B, KB, MB or bdp)")
 
     @classmethod
     def _checked(cls, *, where: str, raw: Any, packets: float | None = None, bytes: float | None = None,
                  bdp: float | None = None) -> QueueSize:
         value = next(v for v in (packets, bytes, bdp) if v is not None)
-        _finite(float(value), where, raw)
+        require_finite(float(value), raw, where)
         if value <= 0:
             raise UsageError(f"{where}: {raw!r} is not a positive queue size")
         if packets is not None:
@@ -292,7 +215,7 @@ _LINK_KEYS = ("rate", "delay", "jitter", "loss", "queue", "trace", "isolate")
 
 def _check_flat_keys(flat: dict, where: str) -> None:
     parsers = {
-        "rate": parse_rate, "delay": parse_duration, "jitter": parse_duration, "loss": parse_loss,
+        "rate": parse_rate, "delay": parse_delay, "jitter": parse_delay, "loss": parse_loss,
         "queue": QueueSize.parse, "trace": _check_trace, "isolate": Isolation.parse,
     }  # fmt: skip
     for key, value in flat.items():
@@ -329,8 +252,8 @@ class LinkProfile:
         trace = _check_trace(data["trace"], f"{where}.trace") if data.get("trace") is not None else None
         if rate is not None and trace is not None:
             raise UsageError(f"{where}: give either rate or trace, not both")
-        delay = parse_duration(data.get("delay", 0), f"{where}.delay")
-        jitter = parse_duration(data.get("jitter", 0), f"{where}.jitter")
+        delay = parse_delay(data.get("delay", 0), f"{where}.delay")
+        jitter = parse_delay(data.get("jitter", 0), f"{where}.jitter")
         if jitter > 0 and jitter > delay:
             raise UsageError(f"{where}.jitter: {data['jitter']!r} is larger than the delay {data.get('delay')!r}")
         loss = parse_loss(data.get("loss", 0), f"{where}.loss")

@@ -31,7 +31,7 @@ from ccscope.errors import CcscopeError, UsageError
 from . import algorithms, backends, state
 from ._system import in_ns, need, sh
 from .netns import in_netns
-from .profile import PathProfile
+from .profile import ETH_FRAME, PathProfile
 
 SENDER_ADDR = "192.0.2.2"
 ROUTER_SENDER_ADDR = "192.0.2.1"
@@ -40,7 +40,6 @@ RECEIVER_ADDR = "198.51.100.2"
 # Offloads that would hand super-packets to the shaper (and GRO that builds them on receive).
 OFFLOADS = ("tso", "gso", "gro")
 UDP_PAYLOAD = 1472  # 1514-byte frames
-FRAME = 1514
 _RUN_ID = re.compile(r"^[a-z0-9]{1,16}$")
 
 
@@ -198,7 +197,7 @@ class Testbed:
             signal.pthread_sigmask(signal.SIG_BLOCK, held)
         try:
             for proc in self._procs:
-                _terminate(proc)
+                terminate(proc)
             for ns in self.namespaces:
                 state.remove_namespace(ns)
             if self._state is not None:
@@ -240,6 +239,15 @@ class Testbed:
         self._procs.append(proc)
         return proc
 
+    def wait_listening(self, ns: str, port: int, timeout: float = 5.0) -> None:
+        """Until something listens on TCP `port` in `ns` (a server we started is ready for clients)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.run(ns, ["ss", "-Hltn", f"sport = :{port}"], timeout=5).stdout.strip():
+                return
+            time.sleep(0.02)
+        raise CcscopeError(f"nothing listens on port {port} in {ns} after {timeout:g} s")
+
     def run(self, ns: str, argv: list[str], timeout: float, **kw) -> subprocess.CompletedProcess:
         """Runs argv in `ns` to completion; kills it and raises subprocess.TimeoutExpired after timeout."""
         kw.setdefault("stdout", subprocess.PIPE)
@@ -249,7 +257,7 @@ class Testbed:
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            _terminate(proc)
+            terminate(proc)
             raise
         self._procs.remove(proc)
         return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
@@ -333,8 +341,8 @@ class Testbed:
         server = self.popen(self.receiver_ns, ["iperf3", "-s", "-1", "-p", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            _wait_port(self, port)
-            payload_rate = rate_bps * UDP_PAYLOAD / FRAME
+            self.wait_listening(self.receiver_ns, port)
+            payload_rate = rate_bps * UDP_PAYLOAD / ETH_FRAME
             client = self.popen(self.sender_ns, ["iperf3", "-c", self.receiver_addr, "-p", str(port), "-u", "-J",
                                                  "-l", str(UDP_PAYLOAD), "-b", str(int(payload_rate)),
                                                  "-t", str(seconds)],
@@ -349,7 +357,7 @@ class Testbed:
                 raise CcscopeError(f"iperf3 rate probe failed: {data['error']}")
             return (b1 - b0) * 8 / (t1 - t0)
         finally:
-            _terminate(server)
+            terminate(server)
 
     def verify(self, rtt_tolerance: tuple[float, float] = (0.02, 0.0005),
                rate_tolerance: float = 0.03) -> VerifyResult:
@@ -400,25 +408,17 @@ def _configure(ipr: IPRoute, dev: str, addr: str, gw: str | None) -> None:
         ipr.route("add", dst="0.0.0.0/0", gateway=gw)
 
 
-def _terminate(proc: subprocess.Popen) -> None:
+def terminate(proc: subprocess.Popen, sig: int = signal.SIGTERM, grace_s: float = 1.0) -> None:
+    """Ends a process group started by Testbed.popen (sig, then SIGKILL after grace_s) and reaps it."""
     if proc.poll() is not None:
         return
     with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
+        os.killpg(proc.pid, sig)
     try:
-        proc.wait(timeout=1)
+        proc.wait(timeout=grace_s)
     except subprocess.TimeoutExpired:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=5)
 
 
-def _wait_port(tb: Testbed, port: int, timeout: float = 5.0) -> None:
-    """Waits until something listens on TCP `port` in the receiver namespace."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        out = sh(in_ns(tb.receiver_ns, ["ss", "-Hltn", f"sport = :{port}"]), check=False).stdout
-        if out.strip():
-            return
-        time.sleep(0.02)
-    raise CcscopeError(f"iperf3 server did not listen on port {port} within {timeout:g} s")

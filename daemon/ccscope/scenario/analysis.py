@@ -116,12 +116,12 @@ def windowed_throughput(times_s: Sequence[float], acked: Sequence[int], window_s
 def empty_flow() -> dict:
     return {"algorithm_kernel": None, "cookie": None, "sport": None, "dport": None, "samples": 0,
             "goodput_bps": None, "window_s": None, "srtt_ms": summary([]), "retransmits": None,
-            "bytes_acked": None, "bytes_sent": None, "segments_sent": None, "retransmit_ratio": None,
-            "_srtt_samples": []}
+            "bytes_acked": None, "bytes_sent": None, "segments_sent": None, "retransmit_ratio": None}
 
 
-def flow_metrics(series, warmup_s: float, t0: float) -> dict:
-    """Metrics of one recorded flow (recorder.FlowSeries); times relative to the run start t0."""
+def flow_metrics(series, warmup_s: float, t0: float) -> tuple[dict, list[float]]:
+    """Metrics of one recorded flow (recorder.FlowSeries), times relative to the run start t0; and its srtt
+    samples in ms within the measured window (pooled per algorithm by the caller)."""
     samples = series.samples
     times = [s.t for s in samples]
     acked = [s.bytes_acked for s in samples]
@@ -131,9 +131,9 @@ def flow_metrics(series, warmup_s: float, t0: float) -> dict:
     return {"algorithm_kernel": series.cc, "cookie": series.cookie, "sport": series.sport, "dport": series.dport,
             "samples": len(samples), "goodput_bps": rate, "window_s": [round(start - t0, 4), round(end - t0, 4)],
             "srtt_ms": summary(srtts), "retransmits": last.retransmits, "bytes_acked": last.bytes_acked,
-            "bytes_sent": last.bytes_sent, "segments_sent": last.bytes_sent / last.mss if last.mss else None,
-            "retransmit_ratio": retransmit_ratio(last.retransmits, last.bytes_sent, last.mss),
-            "_srtt_samples": srtts}
+            "bytes_sent": last.bytes_sent,
+            "segments_sent": last.bytes_sent / last.mss_bytes if last.mss_bytes else None,
+            "retransmit_ratio": retransmit_ratio(last.retransmits, last.bytes_sent, last.mss_bytes)}, srtts
 
 
 def link_drop_ratio(link: dict | None) -> float | None:

@@ -2,40 +2,73 @@
 
 from __future__ import annotations
 
+import operator
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ccscope.flows import FlowRecord, decode
 
-CSV_COLUMNS = ("time_s", "cwnd_segments", "srtt_ms", "retransmits", "throughput_mbps", "bytes_acked",
-               "bytes_sent", "ssthresh_segments", "min_rtt_ms", "packets_in_flight", "delivery_rate_mbps",
-               "ca_state", "cc", "event")
 
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Sample:
-    t: float  # CLOCK_MONOTONIC seconds
-    cwnd: int
+    """One sample of a flow: FlowRecord's quantities under FlowRecord's names, and its time."""
+
+    t: float  # CLOCK_MONOTONIC seconds (FlowRecord.last_ns)
+    cwnd_segments: int
     srtt_s: float
     retransmits: int
     bytes_acked: int
     bytes_sent: int
-    ssthresh: int | None
+    ssthresh_segments: int | None
     min_rtt_s: float | None
-    in_flight: int
-    delivery_Bps: float
+    packets_in_flight: int
+    delivery_rate_Bps: float
     ca_state: str
     cc: str
     event: int
-    mss: int
+    mss_bytes: int
 
     @classmethod
     def of(cls, f: FlowRecord) -> Sample:
-        return cls(t=f.last_ns / 1e9, cwnd=f.cwnd_segments, srtt_s=f.srtt_s, retransmits=f.retransmits,
-                   bytes_acked=f.bytes_acked, bytes_sent=f.bytes_sent, ssthresh=f.ssthresh_segments,
-                   min_rtt_s=f.min_rtt_s, in_flight=f.packets_in_flight, delivery_Bps=f.delivery_rate_Bps,
-                   ca_state=f.ca_state, cc=f.cc, event=f.event, mss=f.mss_bytes)
+        return cls(f.last_ns / 1e9, *_record_values(f))
+
+
+_record_values = operator.attrgetter(*tuple(Sample.__dataclass_fields__)[1:])
+
+
+def _ms(seconds: float | None) -> str:
+    return "" if seconds is None else f"{seconds * 1e3:.3f}"
+
+
+# The per-flow CSV, column by column as in the metric table: (name, value from the sample, its time since the
+# run started and the windowed throughput in bit/s, None before a full window).
+CsvGetter = Callable[[Sample, float, float | None], object]
+CSV_COLUMNS: tuple[tuple[str, CsvGetter], ...] = (
+    ("time_s", lambda s, t, bps: f"{t:.4f}"),
+    ("cwnd_segments", lambda s, t, bps: s.cwnd_segments),
+    ("srtt_ms", lambda s, t, bps: _ms(s.srtt_s)),
+    ("retransmits", lambda s, t, bps: s.retransmits),
+    ("throughput_mbps", lambda s, t, bps: "" if bps is None else f"{bps / 1e6:.4f}"),
+    ("bytes_acked", lambda s, t, bps: s.bytes_acked),
+    ("bytes_sent", lambda s, t, bps: s.bytes_sent),
+    ("ssthresh_segments", lambda s, t, bps: "" if s.ssthresh_segments is None else s.ssthresh_segments),
+    ("min_rtt_ms", lambda s, t, bps: _ms(s.min_rtt_s)),
+    ("packets_in_flight", lambda s, t, bps: s.packets_in_flight),
+    ("delivery_rate_mbps", lambda s, t, bps: f"{s.delivery_rate_Bps * 8 / 1e6:.4f}"),
+    ("ca_state", lambda s, t, bps: s.ca_state),
+    ("cc", lambda s, t, bps: s.cc),
+    ("event", lambda s, t, bps: s.event),
+)
+CSV_HEADER = tuple(name for name, _ in CSV_COLUMNS)
+
+
+def csv_text(samples: list[Sample], t0: float, throughput_bps: list[float | None]) -> str:
+    rows = [",".join(CSV_HEADER)]
+    rows += [",".join(str(get(s, s.t - t0, bps)) for _, get in CSV_COLUMNS)
+             for s, bps in zip(samples, throughput_bps, strict=True)]
+    return "\n".join(rows) + "\n"
 
 
 @dataclass

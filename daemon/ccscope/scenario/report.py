@@ -12,6 +12,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from ccscope.units import format_bytes
+
 COLORS = {"reno": "#1f77b4", "cubic": "#d62728", "bbr": "#2ca02c", "vegas": "#9467bd", "westwood": "#8c564b"}
 MARKERS = ("o", "s", "^", "D", "v", "P", "X")
 EXTRA = ("#ff7f0e", "#17becf", "#e377c2", "#7f7f7f", "#bcbd22")
@@ -185,8 +187,7 @@ def plot_downloads(directory: Path, doc: dict) -> str | None:
             if done:
                 ax.scatter([s for s, _ in done], [t for _, t in done], color=color(alg), label=alg, s=22, alpha=0.7)
             if failed:
-                limit = doc["scenario"]["definition"].get("traffic", {}).get("downloads", {}).get("timeout")
-                ys = [_timeout_s(limit) for _ in failed]
+                ys = [_download_timeout_s(doc) for _ in failed]
                 ax.scatter(failed, ys, color=color(alg), marker="x", s=60,
                            label=f"{alg}: incomplete at the time limit")
         ax.set_xscale("log")
@@ -201,13 +202,14 @@ def plot_downloads(directory: Path, doc: dict) -> str | None:
     return _save(fig, directory, "downloads.png")
 
 
-def _timeout_s(raw) -> float:
-    from .spec import _seconds
-
-    try:
-        return _seconds(raw, "timeout", 0, 1e9)
-    except Exception:
-        return 1.0
+def _download_timeout_s(doc: dict) -> float:
+    """Where an incomplete download is drawn: at its time limit (results before the limit was recorded
+    plot it above the slowest complete transfer)."""
+    limit = doc["scenario"].get("download_timeout_s")
+    if limit is not None:
+        return limit
+    times = [d["completion_time_s"] for r in doc["runs"] for d in r["downloads"] if d["complete"]]
+    return max(times, default=1.0) * 1.1
 
 
 def _save(fig, directory: Path, name: str) -> str:
@@ -242,15 +244,9 @@ def _downloads_cell(row: dict) -> str:
     parts = []
     for size, s in d["by_size"].items():
         t = s["completion_time_median_s"]
-        parts.append(f"{_size(int(size))}:{s['complete']}/{s['total']}" + (f" {t:.2f}s" if t is not None else ""))
+        median = f" {t:.2f}s" if t is not None else ""
+        parts.append(f"{format_bytes(int(size))}:{s['complete']}/{s['total']}{median}")
     return " ".join(parts)
-
-
-def _size(n: int) -> str:
-    for unit, scale in (("MB", 1e6), ("KB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:g}{unit}"
-    return f"{n}B"
 
 
 COLUMNS = (("profile", lambda r: r["profile"]),
@@ -295,20 +291,38 @@ def _table(header: list[str], rows: list[list[str]], numeric_from: int = 2) -> s
 
 
 def render(directory: Path, doc: dict) -> Path:
-    plots = [p for p in (
+    """report.html and the PNGs it shows, from results.json and the per-flow CSVs."""
+    plots = _draw_plots(directory, doc)
+    sections = (_html_header(doc), _html_problems(doc), _html_summary(doc), _html_plots(plots), _html_profiles(doc),
+                _html_runs(doc), _html_downloads(doc), _html_environment(doc), _html_footer(doc))
+    path = directory / "report.html"
+    path.write_text("\n".join(part for part in sections if part) + "\n")
+    return path
+
+
+def _draw_plots(directory: Path, doc: dict) -> list[str]:
+    return [p for p in (
         plot_timeseries(directory, doc, "cwnd_segments", "cwnd (segments)", "cwnd.png", "congestion window"),
         plot_timeseries(directory, doc, "throughput_mbps", "throughput (Mbit/s, 200 ms window)", "throughput.png",
                         "throughput"),
         plot_timeseries(directory, doc, "srtt_ms", "RTT (ms): srtt lines, ping dots", "rtt.png", "RTT",
                         with_ping=True),
         plot_tradeoff(directory, doc), plot_loss(directory, doc), plot_downloads(directory, doc)) if p]
-    env = doc["environment"]
-    parts = [f"<!doctype html><meta charset=utf-8><title>ccscope: {html.escape(doc['scenario']['name'])}</title>",
-             f"<style>{_CSS}</style>", f"<h1>{html.escape(doc['scenario']['name'])}</h1>",
-             f"<p>{html.escape(doc['scenario']['description'])}</p>",
-             f"<p>{len(doc['runs'])} runs, {doc['runs_per_unit']} per profile × algorithm"
-             f"{' (quick)' if doc['quick'] else ''}; bulk flows {doc['scenario']['duration_s']:g} s with the first "
-             f"{doc['scenario']['warmup_s']:g} s trimmed; started {html.escape(doc['started_at'])}.</p>"]
+
+
+def _html_header(doc: dict) -> str:
+    scenario = doc["scenario"]
+    return "\n".join([
+        f"<!doctype html><meta charset=utf-8><title>ccscope: {html.escape(scenario['name'])}</title>",
+        f"<style>{_CSS}</style>", f"<h1>{html.escape(scenario['name'])}</h1>",
+        f"<p>{html.escape(scenario['description'])}</p>",
+        f"<p>{len(doc['runs'])} runs, {doc['runs_per_unit']} per profile × algorithm"
+        f"{' (quick)' if doc['quick'] else ''}; bulk flows {scenario['duration_s']:g} s with the first "
+        f"{scenario['warmup_s']:g} s trimmed; started {html.escape(doc['started_at'])}.</p>"])
+
+
+def _html_problems(doc: dict) -> str:
+    parts = []
     if doc["errors"]:
         parts.append("<h2 class=err>Errors</h2><ul class=err>" +
                      "".join(f"<li>{html.escape(e)}</li>" for e in doc["errors"]) + "</ul>")
@@ -317,32 +331,55 @@ def render(directory: Path, doc: dict) -> Path:
     if doc["skipped_algorithms"]:
         skipped = html.escape(", ".join(doc["skipped_algorithms"]))
         parts.append(f"<p>Not available in this kernel, skipped: {skipped}</p>")
+    return "\n".join(parts)
+
+
+def _html_summary(doc: dict) -> str:
     used = [c for c in COLUMNS if any(c[1](r) != "-" for r in doc["summary"]) or c[0] in ("profile", "algorithm")]
-    parts.append("<h2>Summary</h2>" + _table([c[0] for c in used], [[c[1](r) for c in used] for r in doc["summary"]]))
-    parts.append("<p>Goodput: bytes acknowledged over each flow's active window after the warm-up. srtt: the "
-                 "kernel's smoothed RTT sampled by ccscope's BPF probe. ± is the 95% confidence interval (Student t) "
-                 "over runs. Definitions: docs/scenarios.md.</p>")
-    parts.append("<h2>Plots</h2>" + "".join(f"<p><img src='{p}' alt='{p}'></p>" for p in plots))
-    parts.append("<h2>Profiles</h2>" + _table(["profile", "path", "base RTT ms", "BDP bytes"], [
+    return "\n".join([
+        "<h2>Summary</h2>" + _table([c[0] for c in used], [[c[1](r) for c in used] for r in doc["summary"]]),
+        "<p>Goodput: bytes acknowledged over each flow's active window after the warm-up. srtt: the "
+        "kernel's smoothed RTT sampled by ccscope's BPF probe. ± is the 95% confidence interval (Student t) "
+        "over runs. Definitions: docs/scenarios.md.</p>"])
+
+
+def _html_plots(plots: list[str]) -> str:
+    return "<h2>Plots</h2>" + "".join(f"<p><img src='{p}' alt='{p}'></p>" for p in plots)
+
+
+def _html_profiles(doc: dict) -> str:
+    part = "<h2>Profiles</h2>" + _table(["profile", "path", "base RTT ms", "BDP bytes"], [
         [n, p["description"], f"{p['base_rtt_s'] * 1e3:g}", f"{p['bdp_bytes']:.0f}"]
         for n, p in doc["profiles"].items()],
-        numeric_from=2))
+        numeric_from=2)
     if doc["emulation_checks"]:
-        parts.append("<h3>Emulation check (unloaded ping RTT, UDP rate probe)</h3>" + _table(
+        part += "\n<h3>Emulation check (unloaded ping RTT, UDP rate probe)</h3>" + _table(
             ["profile", "ok", "result"], [[n, "yes" if c["ok"] else "NO", c["message"]]
-                                          for n, c in doc["emulation_checks"].items()], numeric_from=9))
-    parts.append("<h2>Runs</h2>" + _table(
+                                          for n, c in doc["emulation_checks"].items()], numeric_from=9)
+    return part
+
+
+def _html_runs(doc: dict) -> str:
+    return "<h2>Runs</h2>" + _table(
         ["#", "run", "backend", "s", "flows: algorithm requested / kernel / iperf3, goodput Mbit/s", "errors"],
         [[r["position"], r["label"], r["backend"], f"{r['duration_s']:.1f}",
           "; ".join(f"{f['id']} {f['algorithm']}/{f['algorithm_kernel']}/{f['algorithm_iperf3']} "
                     f"{(f['goodput_bps'] or 0) / 1e6:.2f}" for f in r["flows"]) or "-",
-          "; ".join(r["errors"]) or "-"] for r in doc["runs"]], numeric_from=9))
-    downloads = [[r["label"], d["id"], _size(d["size_bytes"]), "yes" if d["complete"] else "NO (incomplete)",
+          "; ".join(r["errors"]) or "-"] for r in doc["runs"]], numeric_from=9)
+
+
+def _html_downloads(doc: dict) -> str:
+    downloads = [[r["label"], d["id"], format_bytes(d["size_bytes"]), "yes" if d["complete"] else "NO (incomplete)",
                   "-" if d["completion_time_s"] is None else f"{d['completion_time_s']:.3f}", d["received_bytes"],
                   d.get("error") or ""] for r in doc["runs"] for d in r["downloads"]]
-    if downloads:
-        parts.append("<h2>Downloads</h2>" + _table(["run", "id", "size", "complete", "time s", "bytes received",
-                                                    "note"], downloads, numeric_from=9))
+    if not downloads:
+        return ""
+    return "<h2>Downloads</h2>" + _table(["run", "id", "size", "complete", "time s", "bytes received", "note"],
+                                         downloads, numeric_from=9)
+
+
+def _html_environment(doc: dict) -> str:
+    env = doc["environment"]
     env_rows = [[k, v if not isinstance(v, dict | list) else ", ".join(
         f"{a}={b}" for a, b in v.items()) if isinstance(v, dict) else ", ".join(map(str, v))]
         for k, v in env.items() if k not in ("sysctls", "offloads", "sysctls_sender_ns")]
@@ -352,10 +389,10 @@ def render(directory: Path, doc: dict) -> Path:
                  for k, v in env.get("offloads", {}).items()]
     backends = sorted({r["backend"] for r in doc["runs"]})
     env_rows.insert(0, ["emulation backend", ", ".join(backends)])
-    parts.append("<h2>Environment</h2>" + _table(["what", "value"], env_rows, numeric_from=9))
-    parts.append("<p>Data: <code>results.json</code> (schema version "
-                 f"{doc['schema_version']}) and per-flow CSVs in <code>flows/</code>. "
-                 "Re-render with <code>ccscope report DIR</code>.</p>")
-    path = directory / "report.html"
-    path.write_text("\n".join(parts) + "\n")
-    return path
+    return "<h2>Environment</h2>" + _table(["what", "value"], env_rows, numeric_from=9)
+
+
+def _html_footer(doc: dict) -> str:
+    return ("<p>Data: <code>results.json</code> (schema version "
+            f"{doc['schema_version']}) and per-flow CSVs in <code>flows/</code>. "
+            "Re-render with <code>ccscope report DIR</code>.</p>")

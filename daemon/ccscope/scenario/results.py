@@ -11,7 +11,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ccscope import __version__
 from ccscope.errors import UsageError
+
+from .environment import capture, now_iso
 
 SCHEMA_VERSION = 1
 NUM = ["number", "null"]
@@ -75,7 +78,8 @@ SCHEMA = {
         "schema_version": {"enum": [SCHEMA_VERSION]},
         "tool": {"type": "object", "required": ["name", "version"]},
         "scenario": {"type": "object", "required": ["name", "description", "source", "duration_s", "warmup_s",
-                                                    "sample_interval_s", "definition"]},
+                                                    "sample_interval_s", "definition"],
+                     "properties": {"download_timeout_s": {"type": NUM}}},  # optional: older files lack it
         "profiles": {"type": "object"},
         "algorithms": {"type": "array", "items": {"type": "string"}},
         "skipped_algorithms": {"type": "array", "items": {"type": "string"}},
@@ -133,24 +137,22 @@ def validate(doc: dict) -> None:
 
 
 def new_document(scenario, units, skipped: list[str], quick: bool) -> dict:
-    from ccscope import __version__
-
-    from .runner import _now_iso, environment
-
     order = [u.label for u in units]
     return {
         "schema_version": SCHEMA_VERSION,
         "tool": {"name": "ccscope", "version": __version__},
         "scenario": {"name": scenario.name, "description": scenario.description, "source": scenario.source,
                      "duration_s": scenario.duration_s, "warmup_s": scenario.warmup_s,
-                     "sample_interval_s": scenario.sample_interval_s, "definition": _jsonable(scenario.raw)},
+                     "sample_interval_s": scenario.sample_interval_s,
+                     "download_timeout_s": scenario.traffic.downloads.timeout_s if scenario.traffic.downloads else None,
+                     "definition": _jsonable(scenario.raw)},
         "profiles": {name: {"description": p.describe(), "base_rtt_s": p.base_rtt_s, "bdp_bytes": p.bdp_bytes,
                             "up_rate_bps": p.up.effective_rate_bps(), "down_rate_bps": p.down.effective_rate_bps()}
                      for name, p in scenario.profiles.items()},
         "algorithms": ["+".join(m) for m in scenario.algorithms],
         "skipped_algorithms": skipped, "quick": quick, "runs_per_unit": scenario.runs, "seed": scenario.seed,
-        "run_order": order, "environment": environment(scenario.seed, order), "emulation_checks": {},
-        "runs": [], "summary": [], "errors": [], "warnings": [], "started_at": _now_iso(), "finished_at": None,
+        "run_order": order, "environment": capture(scenario.seed, order), "emulation_checks": {},
+        "runs": [], "summary": [], "errors": [], "warnings": [], "started_at": now_iso(), "finished_at": None,
     }
 
 

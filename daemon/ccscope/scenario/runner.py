@@ -5,29 +5,31 @@ from __future__ import annotations
 
 import contextlib
 import os
-import platform
 import random
-import shutil
-import subprocess
 import sys
-import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 
-from ccscope import __version__
+from prometheus_client import CollectorRegistry
+
+from ccscope.emulation.algorithms import available_algorithms
+from ccscope.emulation.testbed import Testbed
 from ccscope.errors import PrerequisiteError, UsageError
+from ccscope.exporter import FlowCollector
+from ccscope.flows import FlowFilter, FlowSelection, FlowTable
+from ccscope.hosttools import SCENARIO_TOOLS, need
+from ccscope.loader import ProbeOptions, TelemetryProbe, preflight
+from ccscope.server import MetricsServer
+from ccscope.units import parse_listen
 
 from . import analysis, results
+from .environment import namespace_sysctls, now_iso
 from .progress import Progress
-from .recorder import CSV_COLUMNS, FlowSeries, Recorder
+from .recorder import FlowSeries, Recorder, csv_text
 from .spec import Scenario, mix_label
 from .traffic import FETCH_PORT, BulkFlow, TrafficResult, planned_seconds, run_traffic
 
-SYSCTLS = ("net.ipv4.tcp_congestion_control", "net.ipv4.tcp_allowed_congestion_control",
-           "net.ipv4.tcp_available_congestion_control", "net.core.default_qdisc", "net.ipv4.tcp_rmem",
-           "net.ipv4.tcp_wmem", "net.ipv4.tcp_ecn", "net.ipv4.tcp_no_metrics_save", "net.ipv4.tcp_sack",
-           "net.ipv4.tcp_timestamps", "net.ipv4.tcp_slow_start_after_idle")
 THROUGHPUT_WINDOW_S = 0.2  # flent samples throughput every 0.2 s
 
 
@@ -54,21 +56,14 @@ class Unit:
 
 
 def check_prerequisites() -> None:
-    from ccscope.loader import preflight
-
     if os.geteuid() != 0:
         raise PrerequisiteError("scenarios need root (network namespaces, BPF, sysctls)", "run with sudo")
-    for tool, package in (("iperf3", "iperf3"), ("ping", "iputils-ping"), ("ss", "iproute2"),
-                          ("ip", "iproute2"), ("tc", "iproute2"), ("ethtool", "ethtool")):
-        if not shutil.which(tool):
-            raise PrerequisiteError(f"{tool} not found", f"install it: apt-get install {package}")
+    need(*SCENARIO_TOOLS)
     preflight()
 
 
 def select_algorithms(scenario: Scenario, skip_unavailable: bool) -> tuple[Scenario, list[str]]:
     """Drops algorithms the kernel lacks if optional (or with --skip-unavailable); else one clear error."""
-    from ccscope.emulation.algorithms import available_algorithms
-
     available = available_algorithms()
     missing = [a for a in scenario.all_algorithms if a not in available]
     required = [a for a in missing if a not in scenario.optional_algorithms]
@@ -97,8 +92,6 @@ def default_out(scenario: Scenario) -> Path:
 def run(scenario: Scenario, options: Options) -> tuple[Path, dict]:
     check_prerequisites()
     scenario, skipped = select_algorithms(scenario, options.skip_unavailable)
-    from ccscope.emulation.testbed import Testbed  # noqa: F401  (fail before creating anything)
-
     out = options.out or default_out(scenario)
     if out.exists() and any(out.iterdir()):
         raise UsageError(f"--out {out}: directory exists and is not empty")
@@ -118,7 +111,7 @@ def run(scenario: Scenario, options: Options) -> tuple[Path, dict]:
             verified.add(unit.profile)
             doc["runs"].append(record)
             progress.done(record)
-    doc["finished_at"] = _now_iso()
+    doc["finished_at"] = now_iso()
     doc["summary"] = analysis.summarize(doc["runs"], scenario)
     doc["errors"] += [f"{r['label']}: {e}" for r in doc["runs"] for e in r["errors"]]
     results.validate(doc)
@@ -128,14 +121,6 @@ def run(scenario: Scenario, options: Options) -> tuple[Path, dict]:
 
 @contextlib.contextmanager
 def _telemetry(scenario: Scenario, options: Options):
-    from prometheus_client import CollectorRegistry
-
-    from ccscope.exporter import FlowCollector
-    from ccscope.flows import FlowFilter, FlowSelection, FlowTable
-    from ccscope.loader import ProbeOptions, TelemetryProbe
-    from ccscope.server import MetricsServer
-    from ccscope.units import parse_listen
-
     listen = parse_listen(options.listen) if options.listen else None
     probe_options = ProbeOptions(emit_samples=True, sample_interval_ns=int(scenario.sample_interval_s * 1e9))
     with TelemetryProbe(probe_options) as probe:
@@ -162,9 +147,6 @@ def _telemetry(scenario: Scenario, options: Options):
 
 def _run_unit(scenario: Scenario, unit: Unit, position: int, out: Path, recorder: Recorder, collector,
               progress: Progress, options: Options, verify: bool, doc: dict) -> dict:
-    from ccscope.emulation.testbed import Testbed
-    from ccscope.flows import FlowFilter
-
     profile = scenario.profiles[unit.profile]
     record = results.new_run(unit, position)
     with Testbed(profile, backend=options.backend, seed=scenario.seed + position) as tb:
@@ -174,7 +156,7 @@ def _run_unit(scenario: Scenario, unit: Unit, position: int, out: Path, recorder
         record["backend"] = tb.backend
         if not doc["environment"].get("offloads"):
             doc["environment"]["offloads"] = getattr(tb, "offloads", {})
-            doc["environment"]["sysctls_sender_ns"] = _ns_sysctls(tb)
+            doc["environment"]["sysctls_sender_ns"] = namespace_sysctls(tb)
         if verify:
             progress.note(f"checking the emulated path {unit.profile}")
             check = tb.verify()
@@ -190,7 +172,7 @@ def _run_unit(scenario: Scenario, unit: Unit, position: int, out: Path, recorder
         collector.set_netns_labels({netns: labels, tb.netns_inode(tb.receiver_ns): labels})
         link_before = tb.link_stats()  # the verify probe above went through the same queues
         recorder.start(netns)
-        record["started_at"] = _now_iso()
+        record["started_at"] = now_iso()
         progress.start(position, unit.label)
         traffic = run_traffic(tb, scenario, unit.mix, progress.update, out / "raw" / _stem(unit))
         series = recorder.stop()
@@ -207,9 +189,11 @@ def _fill_run(record: dict, scenario: Scenario, unit: Unit, traffic: TrafficResu
     record["errors"] += traffic.errors
     stem = _stem(unit)
     bulk_end = t0
+    srtt_by_algorithm: dict[str, list[float]] = {}
     for flow in traffic.bulk:
         s = bulk_series(flow, series)
-        entry = analysis.flow_metrics(s, scenario.warmup_s, t0) if s else analysis.empty_flow()
+        entry, srtts = analysis.flow_metrics(s, scenario.warmup_s, t0) if s else (analysis.empty_flow(), [])
+        srtt_by_algorithm.setdefault(flow.algorithm, []).extend(srtts)
         entry.update({"id": f"bulk{flow.index}", "kind": "bulk", "algorithm": flow.algorithm,
                       "start_offset_s": round(flow.start_offset_s, 3), "iperf3": flow.iperf,
                       "algorithm_iperf3": flow.iperf.get("sender_tcp_congestion")})
@@ -240,10 +224,8 @@ def _fill_run(record: dict, scenario: Scenario, unit: Unit, traffic: TrafficResu
                           "csv": _write_ping_csv(out, f"{stem}_ping.csv", traffic.ping, t0)}
     goodputs = [f["goodput_bps"] for f in record["flows"] if f["goodput_bps"] is not None]
     record["jain"] = analysis.jain(goodputs)
-    srtt: dict[str, list[float]] = {}
-    for f in record["flows"]:
-        srtt.setdefault(f["algorithm"], []).extend(f.pop("_srtt_samples", []))
-    record["per_algorithm"] = analysis.per_algorithm(record["flows"], srtt, unit.mix, record["downloads"])
+    record["per_algorithm"] = analysis.per_algorithm(record["flows"], srtt_by_algorithm, unit.mix,
+                                                     record["downloads"])
 
 
 def _stem(unit: Unit) -> str:
@@ -262,16 +244,6 @@ def bulk_series(flow: BulkFlow, series: dict[int, FlowSeries]) -> FlowSeries | N
             return by_sport[0]
     to_server = [s for s in series.values() if s.dport == flow.port and s.samples]
     return max(to_server, key=lambda s: s.samples[-1].bytes_acked, default=None)
-
-
-def _ns_sysctls(tb) -> dict[str, str]:
-    """The sender namespace's own values: many TCP sysctls are per namespace and start from defaults."""
-    keys = [k for k in SYSCTLS if k.startswith("net.ipv4")]
-    try:
-        out = tb.run(tb.sender_ns, ["sysctl", "-e", *keys], timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    return {k.strip(): " ".join(v.split()) for k, _, v in (line.partition("=") for line in out.splitlines()) if _}
 
 
 def _link_delta(after: dict, before: dict) -> dict:
@@ -293,15 +265,7 @@ def _write_csv(out: Path, name: str, series: FlowSeries, t0: float) -> str:
     times = [s.t for s in series.samples]
     acked = [s.bytes_acked for s in series.samples]
     tput = analysis.windowed_throughput(times, acked, THROUGHPUT_WINDOW_S)
-    lines = [",".join(CSV_COLUMNS)]
-    for s, bps in zip(series.samples, tput, strict=True):
-        lines.append(",".join(str(v) for v in (
-            f"{s.t - t0:.4f}", s.cwnd, f"{s.srtt_s * 1e3:.3f}", s.retransmits,
-            "" if bps is None else f"{bps / 1e6:.4f}", s.bytes_acked, s.bytes_sent,
-            "" if s.ssthresh is None else s.ssthresh, "" if s.min_rtt_s is None else f"{s.min_rtt_s * 1e3:.3f}",
-            s.in_flight, f"{s.delivery_Bps * 8 / 1e6:.4f}", s.ca_state, s.cc, s.event)))
-    path = out / "flows" / name
-    path.write_text("\n".join(lines) + "\n")
+    (out / "flows" / name).write_text(csv_text(series.samples, t0, tput))
     return f"flows/{name}"
 
 
@@ -309,29 +273,3 @@ def _write_ping_csv(out: Path, name: str, ping: list[tuple[float, float]], t0: f
     lines = ["time_s,rtt_ms"] + [f"{t - t0:.4f},{rtt * 1e3:.3f}" for t, rtt in ping]
     (out / "flows" / name).write_text("\n".join(lines) + "\n")
     return f"flows/{name}"
-
-
-def _now_iso() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
-
-
-def environment(seed: int, order: list[str]) -> dict:
-    def tool_version(argv: list[str]) -> str | None:
-        try:
-            res = subprocess.run(argv, capture_output=True, text=True, timeout=5)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return (res.stdout or res.stderr).strip().splitlines()[0] if (res.stdout or res.stderr) else None
-
-    sysctls = {}
-    for key in SYSCTLS:
-        path = Path("/proc/sys") / key.replace(".", "/")
-        with contextlib.suppress(OSError):
-            sysctls[key] = " ".join(path.read_text().split())
-    return {
-        "kernel": platform.release(), "machine": platform.machine(), "cpus": os.cpu_count(),
-        "python": platform.python_version(), "ccscope_version": __version__,
-        "iperf3_version": tool_version(["iperf3", "-v"]), "ping_version": tool_version(["ping", "-V"]),
-        "sysctls": sysctls, "offloads": {}, "seed": seed, "run_order": order, "hostname": platform.node(),
-        "time_started": _now_iso(), "monotonic_started": round(time.monotonic(), 3),
-    }

@@ -8,7 +8,6 @@ Validation happens completely before anything is created (namespaces, output dir
 from __future__ import annotations
 
 import copy
-import math
 import re
 from dataclasses import dataclass, field, replace
 from importlib import resources
@@ -17,8 +16,9 @@ from typing import Any
 
 import yaml
 
-from ccscope.emulation.profile import PathProfile, parse_duration
+from ccscope.emulation.profile import PathProfile
 from ccscope.errors import UsageError
+from ccscope.units import parse_duration, parse_size
 
 TOP_KEYS = ("name", "description", "algorithms", "optional_algorithms", "duration", "warmup", "runs", "seed",
             "sample_interval", "profiles", "traffic", "quick")
@@ -31,9 +31,6 @@ MAX_RUNS = 100
 MAX_FLOWS = 16
 MAX_DOWNLOAD_BYTES = 1 << 30
 _ALG = re.compile(r"^[a-z][a-z0-9_]{0,14}$")  # TCP_CA_NAME_MAX is 16 with the NUL
-_SIZE = re.compile(r"^([0-9]*\.?[0-9]+)\s*([a-z]*)$")
-_SIZE_UNITS = {"": 1, "b": 1, "byte": 1, "bytes": 1, "kb": 1000, "k": 1000, "kib": 1024,
-               "mb": 1000**2, "m": 1000**2, "mib": 1024**2, "gb": 1000**3, "gib": 1024**3}
 
 
 @dataclass(frozen=True)
@@ -218,12 +215,12 @@ def _build(data: dict, where: str, source: str) -> Scenario:
     traffic = _traffic(data.get("traffic"), where)
     needs_duration = traffic.flows > 0 or (traffic.downloads is not None and traffic.downloads.every_s is not None)
     if "duration" in data:
-        duration = _seconds(data["duration"], f"{where}: duration", 1.0, MAX_DURATION_S)
+        duration = parse_duration(data["duration"], f"{where}: duration", 1.0, MAX_DURATION_S)
     elif needs_duration:
         raise UsageError(f"{where}: duration: missing (how long the bulk flows run, e.g. 20s)")
     else:
         duration = 0.0
-    warmup = _seconds(data.get("warmup", 0), f"{where}: warmup", 0.0, MAX_DURATION_S)
+    warmup = parse_duration(data.get("warmup", 0), f"{where}: warmup", 0.0, MAX_DURATION_S)
     if traffic.flows > 0:
         for key, value in (("duration", duration), ("warmup", warmup)):
             if value != int(value):
@@ -235,7 +232,7 @@ def _build(data: dict, where: str, source: str) -> Scenario:
         raise UsageError(f"{where}: traffic.bulk.stagger: the last flow would start after the duration")
     runs = _int(data.get("runs", 1), f"{where}: runs", 1, MAX_RUNS)
     seed = _int(data.get("seed", 1), f"{where}: seed", 0, 2**32 - 1)
-    interval = _seconds(data.get("sample_interval", "10ms"), f"{where}: sample_interval", 0.001, 1.0)
+    interval = parse_duration(data.get("sample_interval", "10ms"), f"{where}: sample_interval", 0.001, 1.0)
     profiles = _profiles(data.get("profiles"), where)
     return Scenario(name=name, description=description.strip(), source=source, profiles=profiles,
                     algorithms=tuple(mixes), optional_algorithms=frozenset(optional), duration_s=duration,
@@ -297,7 +294,7 @@ def _traffic(raw: Any, where: str) -> Traffic:
             raise UsageError(f"{where}: traffic.bulk: expected a mapping of flows, stagger (or false), got {bulk!r}")
         _known(bulk, BULK_KEYS, where, "traffic.bulk")
         flows = _int(bulk.get("flows", 1), f"{where}: traffic.bulk.flows", 0, MAX_FLOWS)
-        stagger = _seconds(bulk.get("stagger", 0), f"{where}: traffic.bulk.stagger", 0.0, MAX_DURATION_S)
+        stagger = parse_duration(bulk.get("stagger", 0), f"{where}: traffic.bulk.stagger", 0.0, MAX_DURATION_S)
     ping = raw.get("ping")
     interval = None
     if ping is True:
@@ -306,7 +303,7 @@ def _traffic(raw: Any, where: str) -> Traffic:
         if not isinstance(ping, dict):
             raise UsageError(f"{where}: traffic.ping: expected a mapping with interval (or true/false), got {ping!r}")
         _known(ping, PING_KEYS, where, "traffic.ping")
-        interval = _seconds(ping.get("interval", "100ms"), f"{where}: traffic.ping.interval", 0.01, 10.0)
+        interval = parse_duration(ping.get("interval", "100ms"), f"{where}: traffic.ping.interval", 0.01, 10.0)
     downloads = _downloads(raw.get("downloads"), where)
     if flows == 0 and downloads is None:
         raise UsageError(f"{where}: traffic: no traffic (give bulk flows or downloads)")
@@ -325,64 +322,15 @@ def _downloads(raw: Any, where: str) -> Downloads | None:
         sizes = [sizes]
     if not isinstance(sizes, list) or not sizes:
         raise UsageError(f"{at}.sizes: expected a list of sizes such as [10KB, 1MB], got {sizes!r}")
-    parsed = tuple(parse_size(s, f"{at}.sizes[{i}]") for i, s in enumerate(sizes))
+    parsed = tuple(parse_size(s, f"{at}.sizes[{i}]", 1, MAX_DOWNLOAD_BYTES,
+                              too_high="is more than {high}, too large for a short download")
+                   for i, s in enumerate(sizes))
     if "timeout" not in raw:
         raise UsageError(f"{at}.timeout: missing (every transfer needs a time limit, e.g. 30s)")
-    timeout = _seconds(raw["timeout"], f"{at}.timeout", 0.1, MAX_DURATION_S)
-    every = _seconds(raw["every"], f"{at}.every", 0.1, MAX_DURATION_S) if raw.get("every") is not None else None
-    start = _seconds(raw.get("start", 0), f"{at}.start", 0.0, MAX_DURATION_S)
+    timeout = parse_duration(raw["timeout"], f"{at}.timeout", 0.1, MAX_DURATION_S)
+    every = parse_duration(raw["every"], f"{at}.every", 0.1, MAX_DURATION_S) if raw.get("every") is not None else None
+    start = parse_duration(raw.get("start", 0), f"{at}.start", 0.0, MAX_DURATION_S)
     return Downloads(sizes=parsed, timeout_s=timeout, every_s=every, start_s=start)
-
-
-def parse_size(raw: Any, where: str) -> int:
-    """'1KB' (1000), '64KiB', '1MB', 1500 (bytes) -> bytes."""
-    if isinstance(raw, bool):
-        raise UsageError(f"{where}: {raw!r} is not a size (examples: 1KB, 100KB, 1MB)")
-    if isinstance(raw, int | float):
-        value = float(raw)
-    elif isinstance(raw, str):
-        m = _SIZE.fullmatch(raw.strip().lower())
-        if not m or m.group(2) not in _SIZE_UNITS:
-            raise UsageError(f"{where}: {raw!r} is not a size (examples: 1KB, 100KB, 1MB)")
-        value = float(m.group(1)) * _SIZE_UNITS[m.group(2)]
-    else:
-        raise UsageError(f"{where}: expected a size such as 100KB, got {raw!r}")
-    if not math.isfinite(value) or value < 1 or value != int(value):
-        raise UsageError(f"{where}: {raw!r} is not a positive whole number of bytes")
-    if value > MAX_DOWNLOAD_BYTES:
-        raise UsageError(f"{where}: {raw!r} is more than 1 GiB, too large for a short download")
-    return int(value)
-
-
-def _seconds(raw: Any, where: str, low: float, high: float) -> float:
-    # profile.parse_duration caps at its own 10 s emulation limit; read the number ourselves first
-    if isinstance(raw, str) and raw.strip().lower().endswith(("m", "min")) and not raw.strip().lower().endswith("ms"):
-        m = re.fullmatch(r"([0-9]*\.?[0-9]+)\s*(m|min)", raw.strip().lower())
-        if not m:
-            raise UsageError(f"{where}: {raw!r} is not a duration (examples: 100ms, 20s, 2min)")
-        value = float(m.group(1)) * 60
-    else:
-        value = _plain_seconds(raw, where)
-    if not low <= value <= high:
-        raise UsageError(f"{where}: {raw!r} is out of range ({_fmt(low)} to {_fmt(high)})")
-    return value
-
-
-def _plain_seconds(raw: Any, where: str) -> float:
-    if isinstance(raw, int | float) and not isinstance(raw, bool):
-        value = float(raw)
-        if not math.isfinite(value):
-            raise UsageError(f"{where}: {raw!r} is not a finite number")
-        if value < 0:
-            raise UsageError(f"{where}: {raw!r} is negative")
-        return value
-    if isinstance(raw, str):
-        m = re.fullmatch(r"(-?[0-9]*\.?[0-9]+)\s*([a-zµ]*)", raw.strip().lower())
-        if m and m.group(2) in ("s", "sec", "ms", "us", "µs", "ns", "") and float(m.group(1)) >= 0:
-            return float(m.group(1)) * {"s": 1, "sec": 1, "": 1, "ms": 1e-3, "us": 1e-6, "µs": 1e-6,
-                                        "ns": 1e-9}[m.group(2)]
-        return parse_duration(raw, where)  # its messages name negative values and bad units
-    raise UsageError(f"{where}: expected a duration such as 10s, got {type(raw).__name__} {raw!r}")
 
 
 def _int(raw: Any, where: str, low: int, high: int) -> int:
@@ -392,6 +340,3 @@ def _int(raw: Any, where: str, low: int, high: int) -> int:
         raise UsageError(f"{where}: {raw} is out of range {low}..{high}")
     return raw
 
-
-def _fmt(seconds: float) -> str:
-    return f"{seconds * 1e3:g}ms" if seconds < 1 else f"{seconds:g}s"

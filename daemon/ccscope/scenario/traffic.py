@@ -12,7 +12,6 @@ stay in the results directory as the tools' own raw output.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -26,7 +25,7 @@ from pathlib import Path
 
 import ccscope
 from ccscope.emulation.profile import SHORT_FLOW_PORT
-from ccscope.errors import CcscopeError
+from ccscope.emulation.testbed import terminate
 
 from .spec import Scenario
 
@@ -107,16 +106,6 @@ def _python_env() -> dict[str, str]:
     return env
 
 
-def _wait_listening(tb, ns: str, port: int, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        out = tb.run(ns, ["ss", "-Hltn", f"sport = :{port}"], timeout=5).stdout
-        if out.strip():
-            return
-        time.sleep(0.02)
-    raise CcscopeError(f"nothing listens on port {port} in {ns} after {timeout:g} s")
-
-
 def spawn(tb, ns: str, name: str, argv: list[str], log_dir: Path, **kw) -> Child:
     """Starts argv in `ns` with stdout and stderr going to files in log_dir (never a pipe)."""
     stdout_path, stderr_path = log_dir / f"{name}.out", log_dir / f"{name}.err"
@@ -137,7 +126,7 @@ def run_traffic(tb, scenario: Scenario, mix: tuple[str, ...], progress: Callable
         clients = run_timed_phase(tb, scenario, result, log_dir, progress)
     finally:
         for server in servers:
-            stop(server.proc)
+            terminate(server.proc, grace_s=5.0)
     result.end_mono = time.clock_gettime(time.CLOCK_MONOTONIC)
     collect(result, clients, servers)
     return result
@@ -152,9 +141,9 @@ def start_servers(tb, scenario: Scenario, flows: list[BulkFlow], mix: tuple[str,
                              [sys.executable, "-m", "ccscope.scenario.fetch", "serve", "--port", str(FETCH_PORT),
                               "--cc", mix[0]], log_dir, env=_python_env()))
     for flow in flows:
-        _wait_listening(tb, tb.receiver_ns, flow.port)
+        tb.wait_listening(tb.receiver_ns, flow.port)
     if scenario.traffic.downloads is not None:
-        _wait_listening(tb, tb.sender_ns, FETCH_PORT)
+        tb.wait_listening(tb.sender_ns, FETCH_PORT)
     return servers
 
 
@@ -184,7 +173,7 @@ def run_timed_phase(tb, scenario: Scenario, result: TrafficResult, log_dir: Path
             break
         time.sleep(POLL_S)
     for child in clients:  # SIGINT: iperf3 and ping still write their report, cut short
-        stop(child.proc, signal.SIGINT)
+        terminate(child.proc, signal.SIGINT, grace_s=5.0)
     return clients
 
 
@@ -238,19 +227,6 @@ def _iperf_argv(tb, scenario: Scenario, flow: BulkFlow) -> list[str]:
     return ["iperf3", "-c", tb.receiver_addr, "-p", str(flow.port), "-t", str(int(scenario.duration_s)),
             "-O", str(int(scenario.warmup_s)), "-C", flow.algorithm, "-J", "-i", "0.2",
             "--connect-timeout", "5000"]
-
-
-def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
-    """Ends a child that is still running (a server, or a client past the deadline) and reaps it."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=5)
 
 
 def _parse_iperf(flow: BulkFlow, out: str, err: str, log: str) -> None:

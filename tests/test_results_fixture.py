@@ -1,0 +1,96 @@
+"""results.load and report.render against a committed results directory, without root, as flent tests its
+plotters. tests/data/results-fixture is what `ccscope scenario run tests/data/fixture.yaml` wrote (results.json
+and the per-flow CSVs; plots and report.html are rendered here). Rerun it when the results schema changes."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from ccscope.errors import UsageError
+from ccscope.scenario import report, results
+from ccscope.scenario.recorder import CSV_HEADER
+from prereqs import ROOT
+
+FIXTURE = ROOT / "tests" / "data" / "results-fixture"
+PLOTS = ["cwnd.png", "downloads.png", "loss.png", "rtt.png", "throughput.png", "tradeoff.png"]
+
+
+@pytest.fixture
+def copy(tmp_path: Path) -> Path:
+    target = tmp_path / "results"
+    shutil.copytree(FIXTURE, target)
+    return target
+
+
+def test_load_reads_every_run_and_its_csvs() -> None:
+    doc = results.load(FIXTURE)
+    assert len(doc["runs"]) == doc["runs_per_unit"] * len(doc["profiles"]) * len(doc["algorithms"]) == 8
+    assert doc["scenario"]["download_timeout_s"] == 2.0
+    csvs = [f["csv"] for run in doc["runs"] for f in run["flows"] + run["downloads"] if f.get("csv")]
+    assert len(csvs) >= 8 * 2
+    for name in csvs:
+        with (FIXTURE / name).open() as fh:
+            rows = list(csv.reader(fh))
+        assert rows[0] == list(CSV_HEADER), name
+        assert len(rows) > 2 and all(len(row) == len(CSV_HEADER) for row in rows), name
+
+
+@pytest.mark.parametrize("damage, words", [
+    (lambda doc: doc.pop("runs"), "does not match the results schema: $: missing runs"),
+    (lambda doc: doc.update(schema_version=99), "schema_version 99, this ccscope reads 1"),
+    (lambda doc: doc["runs"][0].update(netns="x"),
+     "does not match the results schema: $.runs[0].netns: expected integer, got str"),
+])
+def test_load_refuses_a_damaged_document_in_one_line(copy: Path, damage, words: str) -> None:
+    doc = json.loads((copy / "results.json").read_text())
+    damage(doc)
+    (copy / "results.json").write_text(json.dumps(doc))
+    with pytest.raises(UsageError) as info:
+        results.load(copy)
+    assert info.value.line() == f"{copy / 'results.json'}: {words}"
+
+
+def test_load_refuses_what_is_not_json(copy: Path) -> None:
+    (copy / "results.json").write_text('{"runs": [')
+    with pytest.raises(UsageError, match=r"results.json: not valid JSON: .* at line 1$"):
+        results.load(copy)
+
+
+def test_render_draws_every_plot_and_shows_the_numbers(copy: Path) -> None:
+    doc = results.load(copy)
+    page = report.render(copy, doc).read_text()
+    assert sorted(p.name for p in (copy / "plots").iterdir()) == PLOTS
+    for name in PLOTS:
+        data = (copy / "plots" / name).read_bytes()
+        assert data.startswith(b"\x89PNG") and len(data) > 10_000, name
+        assert f"<img src='plots/{name}'" in page
+    for row in doc["summary"]:
+        goodput = row["goodput_bps"]
+        assert f"{goodput['mean'] / 1e6:.2f}±{goodput['ci95'] / 1e6:.2f}" in page
+    for run in doc["runs"]:
+        assert f"<td>{run['label']}</td>" in page
+    incomplete = [d for run in doc["runs"] for d in run["downloads"] if not d["complete"]]
+    assert incomplete and page.count("NO (incomplete)") == len(incomplete)
+
+
+def test_summary_table_has_one_line_per_row() -> None:
+    doc = results.load(FIXTURE)
+    lines = report.summary_table(doc).strip().splitlines()
+    assert lines[0] == "fixture (± is the 95% confidence interval over runs)"
+    assert lines[1].split()[:3] == ["profile", "algorithm", "runs"]
+    body = lines[2:]
+    assert len(body) == len(doc["summary"])
+    for line, row in zip(body, doc["summary"], strict=True):
+        assert line.split()[0] == row["profile"] and f"{row['goodput_bps']['mean'] / 1e6:.2f}" in line
+
+
+def test_render_results_without_the_recorded_download_limit(copy: Path) -> None:
+    """Results written before scenario.download_timeout_s existed still render."""
+    doc = results.load(copy)
+    del doc["scenario"]["download_timeout_s"]
+    assert report.plot_downloads(copy, doc) == "plots/downloads.png"
+    assert (copy / "plots" / "downloads.png").stat().st_size > 10_000
