@@ -412,7 +412,7 @@ def bench_scrape_labels(flows: int, cgroups: int, daemon_args: tuple[str, ...]) 
             for _ in range(7):
                 for name, running in (("off", plain), ("on", labelled)):
                     started = time.perf_counter()
-                    text = running.scrape()
+                    text = running.scrape_text()
                     times[name].append(time.perf_counter() - started)
             tracked = running.metric("ccscope_tracked_flows", text)
             groups = sum(1 for line in text.splitlines() if line.startswith("ccscope_cgroup_flows{"))
