@@ -101,17 +101,34 @@ struct {
 } listeners SEC(".maps");
 
 /*
- * Sized by the loader to --max-cgroups + 1; key CCSCOPE_CGROUP_OTHER is
- * inserted by the loader. Per-CPU: every flow of a busy cgroup updates the
- * same entry at each sample, and atomics on one shared line cost more than
- * the rest of the sample.
+ * Host aggregates by cgroup, in slots: a flow learns its cgroup's slot once,
+ * when it is created, so a sample costs an array access rather than a hash
+ * lookup. Slot CCSCOPE_CGROUP_OTHER takes the cgroups that found no free
+ * slot. Per-CPU: every flow of a busy cgroup updates the same slot at each
+ * sample, and atomics on one shared line would cost more than the rest of the
+ * sample. The loader sizes the three maps to --max-cgroups (+1 for the array),
+ * fills free_slots with 1..--max-cgroups, and gives a slot back (zeroed) when
+ * its cgroup has expired.
  */
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
-	__uint(max_entries, 257);
-	__type(key, __u64);
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 129);
+	__type(key, __u32);
 	__type(value, struct cgroup_stats);
 } cgroup_stats SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 128);
+	__type(key, __u64);   /* cgroup id */
+	__type(value, __u32); /* its slot in cgroup_stats */
+} cgroup_slots SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_QUEUE);
+	__uint(max_entries, 128);
+	__type(value, __u32);
+} free_slots SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -156,11 +173,10 @@ static __always_inline __u32 log2_u64(__u64 v)
 }
 
 /*
- * All zeroes, the initial value of new hists and cgroup_stats entries: in .bss,
- * not on the stack, which tcp_probe and create_flow share (512 bytes together
- * on 6.1's verifier).
+ * All zeroes, the initial value of new hists: in .bss, not on the stack, which
+ * tcp_probe and create_flow share (512 bytes together on 6.1's verifier).
  */
-static struct cgroup_stats zero_cgroup_stats;
+static struct hist zero_hist;
 
 static __always_inline __u32 hist_slot(__u32 value_us)
 {
@@ -197,7 +213,7 @@ static __always_inline void observe(const char *ca_name, __u32 kind, __u32 value
 	__builtin_memcpy(key.name, ca_name, CCSCOPE_CA_NAME_LEN);
 	h = bpf_map_lookup_elem(&hists, &key);
 	if (!h) {
-		bpf_map_update_elem(&hists, &key, &zero_cgroup_stats.queue_delay, BPF_NOEXIST);
+		bpf_map_update_elem(&hists, &key, &zero_hist, BPF_NOEXIST);
 		h = bpf_map_lookup_elem(&hists, &key);
 		if (!h)
 			return;
@@ -219,22 +235,29 @@ static __always_inline struct cc_stats *cc_stats_for(const char *ca_name)
 	return bpf_map_lookup_elem(&cc_stats, &key);
 }
 
-/* The stats slot of a cgroup; cgroups beyond the map's capacity share CCSCOPE_CGROUP_OTHER. */
-static __always_inline struct cgroup_stats *cgroup_stats_for(__u64 cgroup_id)
+/* A cgroup's slot in cgroup_stats; with `allocate`, a free one for a cgroup without. */
+static __always_inline __u32 cgroup_slot(__u64 cgroup_id, int allocate)
 {
-	__u64 other = CCSCOPE_CGROUP_OTHER;
-	struct cgroup_stats *stats;
+	__u32 *found, slot;
 
-	stats = bpf_map_lookup_elem(&cgroup_stats, &cgroup_id);
-	if (stats)
-		return stats;
-	if (bpf_map_update_elem(&cgroup_stats, &cgroup_id, &zero_cgroup_stats, BPF_NOEXIST) == 0 ||
-	    cgroup_id == other) {
-		stats = bpf_map_lookup_elem(&cgroup_stats, &cgroup_id);
-		if (stats)
-			return stats;
+	if (!cgroup_id)
+		return CCSCOPE_CGROUP_OTHER;
+	found = bpf_map_lookup_elem(&cgroup_slots, &cgroup_id);
+	if (found)
+		return *found;
+	if (!allocate || bpf_map_pop_elem(&free_slots, &slot) != 0)
+		return CCSCOPE_CGROUP_OTHER;
+	if (bpf_map_update_elem(&cgroup_slots, &cgroup_id, &slot, BPF_NOEXIST) != 0) {
+		bpf_map_push_elem(&free_slots, &slot, 0); /* another CPU gave this cgroup a slot first */
+		found = bpf_map_lookup_elem(&cgroup_slots, &cgroup_id);
+		return found ? *found : CCSCOPE_CGROUP_OTHER;
 	}
-	return bpf_map_lookup_elem(&cgroup_stats, &other);
+	return slot;
+}
+
+static __always_inline struct cgroup_stats *cgroup_stats_at(__u32 slot)
+{
+	return bpf_map_lookup_elem(&cgroup_stats, &slot);
 }
 
 /*
@@ -378,6 +401,8 @@ static __noinline struct flow *create_flow(struct sock *sk, struct tcp_sock *tp,
 	}
 	read_ca_name(tp, f.ca_name);
 	attribute(&f, sk, cookie);
+	if (cfg->cgroup_stats)
+		f.cgroup_slot = cgroup_slot(f.cgroup_id, 1);
 	if (bpf_map_update_elem(&flows, &cookie, &f, BPF_NOEXIST) != 0) {
 		count(CCSCOPE_CNT_FLOW_MAP_FULL);
 		return 0;
@@ -387,7 +412,7 @@ static __noinline struct flow *create_flow(struct sock *sk, struct tcp_sock *tp,
 	if (stats)
 		__sync_fetch_and_add(&stats->flows, 1);
 	if (cfg->cgroup_stats) {
-		struct cgroup_stats *cg = cgroup_stats_for(f.cgroup_id);
+		struct cgroup_stats *cg = cgroup_stats_at(f.cgroup_slot);
 
 		if (cg)
 			cg->flows += 1;
@@ -457,7 +482,7 @@ int BPF_PROG(tcp_probe, struct sock *sk, const struct sk_buff *skb)
 		   f->srtt_us - f->min_rtt_us : 0;
 	observe(f->ca_name, CCSCOPE_HIST_QUEUE_DELAY, queue_us);
 	if (cfg->cgroup_stats) {
-		struct cgroup_stats *cg = cgroup_stats_for(f->cgroup_id);
+		struct cgroup_stats *cg = cgroup_stats_at(f->cgroup_slot);
 
 		if (cg)
 			hist_add_local(&cg->queue_delay, queue_us);
@@ -488,7 +513,7 @@ int BPF_PROG(tcp_retransmit_skb, const struct sock *sk, const struct sk_buff *sk
 		__sync_fetch_and_add(&stats->retransmits, 1);
 	cfg = get_config();
 	if (cfg && cfg->cgroup_stats) {
-		cg = cgroup_stats_for(f ? f->cgroup_id : socket_cgroup_id(sk));
+		cg = cgroup_stats_at(f ? f->cgroup_slot : cgroup_slot(socket_cgroup_id(sk), 0));
 		if (cg)
 			cg->retransmits += 1;
 	}

@@ -13,7 +13,7 @@
 #define CCSCOPE_CA_NAME_LEN 16
 #define CCSCOPE_HIST_SLOTS 32 /* log2 buckets of microseconds; a power of two, see observe() */
 #define CCSCOPE_COMM_LEN 16    /* TASK_COMM_LEN */
-#define CCSCOPE_CGROUP_OTHER 0 /* cgroup_stats key of cgroups beyond the map's capacity */
+#define CCSCOPE_CGROUP_OTHER 0 /* cgroup_stats slot of the cgroups that found no free slot */
 
 /*
  * Why a flow record was emitted to the ring buffer. Retransmits are counted
@@ -85,7 +85,7 @@ struct flow {
 	char ca_name[CCSCOPE_CA_NAME_LEN];
 	__u64 cgroup_id;       /* cgroup v2 id of the socket (inode of its directory); 0 if unknown */
 	__u32 tgid;            /* process that connected, or listened for an accepted flow; 0 if unknown */
-	__u32 __pad1;
+	__u32 cgroup_slot;     /* its cgroup's slot in cgroup_stats (with config.cgroup_stats) */
 	char comm[CCSCOPE_COMM_LEN]; /* that process's name at connect/listen time */
 };
 
@@ -123,7 +123,7 @@ struct hist {
 	__u64 sum_us;
 };
 
-/* Host aggregates per cgroup (config.cgroup_stats), keyed by cgroup id; CCSCOPE_CGROUP_OTHER once full. */
+/* Host aggregates per cgroup (config.cgroup_stats), per-CPU, in the slot cgroup_slots gives the cgroup. */
 struct cgroup_stats {
 	__u64 flows;
 	__u64 retransmits;

@@ -80,7 +80,7 @@ class Flow(ctypes.Structure):
         ("ca_name", ctypes.c_char * CA_NAME_LEN),
         ("cgroup_id", u64),
         ("tgid", u32),
-        ("__pad1", u32),
+        ("cgroup_slot", u32),
         ("comm", ctypes.c_char * COMM_LEN),
     ]
 
@@ -148,11 +148,13 @@ MAP_LAYOUTS: dict[str, tuple[type, type]] = {
     "hists": (HistKey, Hist),
     "counters": (u32, u64),
     "config": (u32, Config),
-    "cgroup_stats": (u64, CgroupStats),
+    "cgroup_stats": (u32, CgroupStats),  # per-CPU array of slots
+    "cgroup_slots": (u64, u32),          # cgroup id -> slot
     "owners": (u64, Owner),
     "listeners": (ListenerKey, Owner),
 }
-KERNEL_ONLY_MAPS = ("gates", "samples")  # not read by key here (samples: a ring buffer of Flow records)
+# Not read by key here: samples is a ring buffer of Flow records, free_slots a queue of cgroup_stats slots.
+KERNEL_ONLY_MAPS = ("gates", "samples", "free_slots")
 
 # Name in ccscope.h -> ctypes mirror, for the layout test.
 SHARED_STRUCTS: dict[str, type[ctypes.Structure]] = {

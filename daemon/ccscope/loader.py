@@ -141,9 +141,11 @@ class TelemetryProbe:
             # Kernels before 5.11 lack bpf_sock_from_file: run without owners of pre-existing sockets.
             if not self._load(path, opts, seed=False):
                 raise failure
-        for name in ("flows", "samples", "cc_stats", "hists", "counters", "config", "cgroup_stats"):
+        for name in ("flows", "samples", "cc_stats", "hists", "counters", "config", "cgroup_stats", "cgroup_slots",
+                     "free_slots"):
             self._maps[name] = lib.bpf_map__fd(lib.bpf_object__find_map_by_name(self._obj, name.encode()))
-        self._reserve_other_cgroup()
+        for slot in range(1, self.options.max_cgroups + 1):
+            self._free_slot(slot)
         self.set_config(self.options.sample_interval_ns, self.options.emit_samples)
         for name in PROGRAMS:
             self._attach(name)
@@ -201,7 +203,8 @@ class TelemetryProbe:
         lib = self.libbpf.lib
         sizes = {"flows": self.options.max_flows, "owners": self.options.max_flows,
                  "samples": _ringbuf_size(self.options.ringbuf_bytes),
-                 "cgroup_stats": self.options.max_cgroups + 1}
+                 "cgroup_stats": self.options.max_cgroups + 1, "cgroup_slots": self.options.max_cgroups,
+                 "free_slots": self.options.max_cgroups}
         for name, size in sizes.items():
             bpf_map = lib.bpf_object__find_map_by_name(self._obj, name.encode())
             ret = lib.bpf_map__set_max_entries(bpf_map, size) if bpf_map else -errno.ENOENT
@@ -230,11 +233,13 @@ class TelemetryProbe:
 
     # --- configuration -------------------------------------------------------
 
-    def _reserve_other_cgroup(self) -> None:
-        """The `other` slot exists before any cgroup can fill the map, so overflow always has a home."""
-        key, values = ctypes.c_uint64(bt.CGROUP_OTHER), (bt.CgroupStats * self._ncpus)()
-        self._check(self.libbpf.lib.bpf_map_update_elem(
-            self._maps["cgroup_stats"], ctypes.byref(key), values, 0), "reserve cgroup_stats other")
+    def _free_slot(self, slot: int) -> None:
+        """A cgroup_stats slot, zeroed, back on the BPF side's free list."""
+        lib, key = self.libbpf.lib, ctypes.c_uint32(slot)
+        self._check(lib.bpf_map_update_elem(self._maps["cgroup_stats"], ctypes.byref(key),
+                                            (bt.CgroupStats * self._ncpus)(), 0), "zero a cgroup_stats slot")
+        self._check(lib.bpf_map_update_elem(self._maps["free_slots"], None, ctypes.byref(key), 0),
+                    "free a cgroup_stats slot")
 
     def set_config(self, sample_interval_ns: int, emit_samples: bool) -> None:
         cfg = bt.Config(sample_interval_ns=sample_interval_ns, emit_samples=int(emit_samples),
@@ -283,15 +288,26 @@ class TelemetryProbe:
         }
 
     def cgroup_stats(self) -> dict[int, bt.CgroupStats]:
-        """cgroup id -> its aggregates (summed over CPUs); bt.CGROUP_OTHER holds those beyond --max-cgroups."""
-        per_cpu = bt.CgroupStats * self._ncpus
-        return {key.value: _sum_cgroup_stats(values)
-                for key, values in self._iterate("cgroup_stats", ctypes.c_uint64, per_cpu)}
+        """cgroup id -> its aggregates (summed over CPUs); bt.CGROUP_OTHER holds the cgroups without a slot."""
+        slots = {key.value: value.value for key, value in self._iterate("cgroup_slots", ctypes.c_uint64,
+                                                                        ctypes.c_uint32)}
+        slots[bt.CGROUP_OTHER] = bt.CGROUP_OTHER
+        fd, values = self._maps["cgroup_stats"], (bt.CgroupStats * self._ncpus)()
+        stats = {}
+        for cgroup_id, slot in slots.items():
+            key = ctypes.c_uint32(slot)
+            self._check(self.libbpf.lib.bpf_map_lookup_elem(fd, ctypes.byref(key), values), "read cgroup_stats")
+            stats[cgroup_id] = _sum_cgroup_stats(values)
+        return stats
 
     def delete_cgroup(self, cgroup_id: int) -> None:
-        """Frees an expired cgroup's slot for a new one."""
-        key = ctypes.c_uint64(cgroup_id)
-        self.libbpf.lib.bpf_map_delete_elem(self._maps["cgroup_stats"], ctypes.byref(key))
+        """An expired cgroup's slot goes back, zeroed, to the free list for a new cgroup."""
+        key, slot = ctypes.c_uint64(cgroup_id), ctypes.c_uint32()
+        lib, fd = self.libbpf.lib, self._maps["cgroup_slots"]
+        if lib.bpf_map_lookup_elem(fd, ctypes.byref(key), ctypes.byref(slot)) != 0:
+            return
+        lib.bpf_map_delete_elem(fd, ctypes.byref(key))  # first, so no new flow takes the slot meanwhile
+        self._free_slot(slot.value)
 
     def counters(self) -> dict[bt.Counter, int]:
         fd = self._maps["counters"]
