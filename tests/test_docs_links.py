@@ -1,4 +1,4 @@
-"""Every relative link in the Markdown files, and every `docs/...` path (or a README.md section anchor) named anywhere in
+"""Every relative link in the Markdown files, and every `docs/...` path or link to a README section named anywhere in
 the repo, resolves: the file exists and, where a `#section` is given, a heading of that file makes that anchor
 (GitHub's rules)."""
 
