@@ -62,22 +62,24 @@ class LimitedLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def read_text(path: Path, what: str, limit: int = MAX_FILE_BYTES) -> str:
-    """A regular file as UTF-8 text, refused when it is larger than `limit` bytes or not UTF-8."""
+def read_text(path: Path, what: str, limit: int = MAX_FILE_BYTES, where: str | None = None) -> str:
+    """A regular file as UTF-8 text, refused when it is larger than `limit` bytes or not UTF-8; errors begin
+    with `where` (default: the path), e.g. the flag that named the file."""
+    where = where or str(path)
     try:
         if not stat.S_ISREG(path.stat().st_mode):  # /dev/zero, a FIFO, a directory
-            raise UsageError(f"{path}: not a regular file (expected {what})")
+            raise UsageError(f"{where}: not a regular file (expected {what})")
         with path.open("rb") as f:
             data = f.read(limit + 1)
     except OSError as exc:
-        raise UsageError(f"{path}: cannot read {what}: {exc.strerror}") from None
+        raise UsageError(f"{where}: cannot read {what}: {exc.strerror}") from None
     if len(data) > limit:
-        raise UsageError(f"{path}: larger than {_size(limit)}, too large for {what}")
+        raise UsageError(f"{where}: larger than {_size(limit)}, too large for {what}")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
-        raise UsageError(f"{path}: line {line}: byte 0x{data[exc.start]:02x} is not UTF-8 ({what} must be "
+        raise UsageError(f"{where}: line {line}: byte 0x{data[exc.start]:02x} is not UTF-8 ({what} must be "
                          "UTF-8 text)") from None
 
 

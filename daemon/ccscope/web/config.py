@@ -16,23 +16,20 @@ import base64
 import binascii
 import hashlib
 import hmac
-import os
 import re
 import ssl
-import stat
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import bcrypt
-import yaml
 
+from .. import safe_input
 from ..errors import UsageError
 from .server import Authenticator
 
 FLAG = "--web.config.file"
-MAX_FILE_BYTES = 1 << 20
 BCRYPT_HASH = re.compile(r"^\$2[aby]\$\d\d\$[./A-Za-z0-9]{53}$")
 TLS_VERSIONS = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1,
                 "TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
@@ -138,23 +135,6 @@ def bcrypt_auth(users: dict[str, bytes]) -> BasicAuth:
 # --- the web config file --------------------------------------------------------------------------------------
 
 
-def _read_text(path: Path, flag: str) -> str:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # O_NONBLOCK: a FIFO must not hang us
-        with os.fdopen(fd, "rb") as fh:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise UsageError(f"{flag} {path}: not a regular file")
-            data = fh.read(MAX_FILE_BYTES + 1)
-    except OSError as exc:
-        raise UsageError(f"{flag} {path}: {exc.strerror}") from None
-    if len(data) > MAX_FILE_BYTES:
-        raise UsageError(f"{flag} {path}: larger than {MAX_FILE_BYTES >> 20} MiB; not a credentials file")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise UsageError(f"{flag} {path}: not UTF-8 text (byte {exc.start})") from None
-
-
 def _mapping(value: object, where: str, path: Path) -> dict:
     if value is None:
         return {}
@@ -177,14 +157,8 @@ def _unknown(section: dict, known: tuple[str, ...], where: str, path: Path) -> N
 
 def load_web_config(path: Path) -> WebConfig:
     """Parse and validate the file; every problem is a UsageError naming the field."""
-    text = _read_text(path, FLAG)
-    try:
-        doc = yaml.safe_load(text)
-    except (yaml.YAMLError, RecursionError) as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or type(exc).__name__
-        raise UsageError(f"{FLAG} {path}:{where} not valid YAML: {problem}") from None
+    # the scenario files' loader: no aliases, no duplicate users, bounded depth and size
+    doc = safe_input.load_yaml(safe_input.read_text(path, f"a {FLAG} file", where=f"{FLAG} {path}"), f"{FLAG} {path}")
     doc = _mapping(doc, "the file", path)
     _unknown(doc, ("tls_server_config", "http_server_config", "basic_auth_users", "rate_limit"), "", path)
     if doc.get("rate_limit") is not None:
@@ -271,7 +245,7 @@ def load_basic_auth_file(path: Path) -> BasicAuth:
     """A file of `user:sha256hex` lines (the format before --web.config.file)."""
     flag = "--basic-auth-file"
     users = {}
-    for number, line in enumerate(_read_text(path, flag).splitlines(), 1):
+    for number, line in enumerate(safe_input.read_text(path, f"a {flag} file", where=f"{flag} {path}").splitlines(), 1):
         if not line.strip() or line.startswith("#"):
             continue
         user, sep, digest = line.strip().partition(":")
