@@ -9,6 +9,10 @@ BPF_CFLAGS := -g -O2 -target bpf -D__TARGET_ARCH_$(ARCH) -Wall -Werror \
 # The live page's chart library (uPlot from the npm registry, pinned and verified in live/vendor.py; no node).
 ASSETS := daemon/ccscope/live/static/vendor/uPlot.iife.min.js
 
+# ccscope's BPF congestion controls (struct_ops), one object per algorithm.
+CC_NAMES := reno vegas westwood copa
+CC_OBJS := $(patsubst %,daemon/ccscope/bpf/cc/%.bpf.o,$(CC_NAMES))
+
 # The userspace delay stage of the emulated network (kernels without sch_netem).
 DELAYLINE := daemon/ccscope/emulation/ccscope-delayline
 
@@ -25,9 +29,13 @@ setup:
 	tools/bootstrap
 setup-dev:
 	tools/bootstrap --dev
-bpf: $(BPF_OBJ)
+bpf: $(BPF_OBJ) $(CC_OBJS)
 
 $(BPF_OBJ): bpf/ccscope.bpf.c bpf/ccscope.h bpf/core_min.h
+	@mkdir -p $(dir $@)
+	$(CLANG) $(BPF_CFLAGS) -c $< -o $@
+
+daemon/ccscope/bpf/cc/%.bpf.o: bpf/cc/%.bpf.c bpf/cc/cc_common.h bpf/core_min.h
 	@mkdir -p $(dir $@)
 	$(CLANG) $(BPF_CFLAGS) -c $< -o $@
 
@@ -42,5 +50,5 @@ $(ASSETS): daemon/ccscope/live/vendor.py
 	python3 daemon/ccscope/live/vendor.py
 
 clean:
-	rm -f $(BPF_OBJ) $(DELAYLINE)
+	rm -f $(BPF_OBJ) $(CC_OBJS) $(DELAYLINE)
 	rm -rf daemon/ccscope/live/static/vendor

@@ -23,17 +23,22 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Iterator
+import uuid
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from ccscope.scenario.analysis import mean_ci95
+from cgrouphelpers import cgroup_tree, kubepods_systemd, pod_logs
 from nethelpers import CCSCOPE, ROOT, daemon, held_prog_ids, netns, netns_inode, stop_process
 
 RESULTS = ROOT / "bench" / "results" / "telemetry.md"
 STATUS = {True: "met", False: "MISSED", None: "undecided"}
+RESULTS_ATTRIBUTION = ROOT / "bench" / "results" / "attribution.md"
+ALL_LABELS = ("--labels", "comm,cgroup,container,pod")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 OPEN_FILES = 20_000  # per process on this machine: the 100k-flow case spreads its sockets over several
 
@@ -297,12 +302,12 @@ def empty_probe() -> Iterator[dict[int, str]]:
                 lib.bpf_object__close(handle)
 
 
-def bench_bpf_ns(seconds: float, rounds: int) -> Row:
+def bench_bpf_ns(seconds: float, rounds: int, daemon_args: tuple[str, ...] = ()) -> Row:
     """ccscope's tcp_probe and an empty program see the same events in each round. The kernel's accounting adds its
     own clock reads to every run (the empty program shows how much), so the target is judged on ccscope's own work,
     tcp_probe minus the empty program, in every round."""
     per_round: list[dict[str, tuple[float, int]]] = []
-    with netns("ns") as ns, iperf3_server(ns, 5403), bpf_stats_enabled(), daemon() as running, \
+    with netns("ns") as ns, iperf3_server(ns, 5403), bpf_stats_enabled(), daemon(*daemon_args) as running, \
             empty_probe() as empty:
         ids = {**prog_ids(running.proc.pid), **empty}
         for _ in range(rounds):
@@ -322,7 +327,8 @@ def bench_bpf_ns(seconds: float, rounds: int) -> Row:
     total = [r["tcp_probe"][0] for r in per_round]
     detail = f"{rounds} rounds of {seconds:g} s, iperf3 -P 4 on loopback; per round: " + " | ".join(
         "; ".join(f"{name} {v:.0f} ns x {c}" for name, (v, c) in sorted(r.items())) for r in per_round)
-    what = "2. BPF ns per tcp_probe event (run_time_ns / run_cnt), own work in every round"
+    what = "2. BPF ns per tcp_probe event (run_time_ns / run_cnt), own work in every round" + \
+        (f", with {' '.join(daemon_args)}" if daemon_args else "")
     if not all("empty_probe" in r for r in per_round):
         return Row(what, median_text(total, unit=" ns"), "<= 100 ns", max(total) <= 100,
                    detail + ". No empty program to compare with (clang missing): the total is judged")
@@ -333,6 +339,36 @@ def bench_bpf_ns(seconds: float, rounds: int) -> Row:
                "accounting's own overhead on this machine. Events are host-wide (other processes' flows count too)")
     return Row(what, f"{median_text(own, unit=' ns')}, worst round {max(own):.0f} ns", "<= 100 ns in every round",
                max(own) <= 100, detail)
+
+
+def bench_bpf_ns_labels(seconds: float, rounds: int, daemon_args: tuple[str, ...]) -> Row:
+    """Two daemons attached at once, one with `daemon_args`: their tcp_probe programs run on the very same
+    events, one after the other, so machine noise hits both alike; the difference is what the labels cost.
+    The attach order alternates per round (the second program runs on warmer caches)."""
+    per_round: list[tuple[float, float, int]] = []
+    with netns("nl") as ns, iperf3_server(ns, 5406), bpf_stats_enabled():
+        for i in range(rounds):
+            with contextlib.ExitStack() as stack:
+                order = [(), daemon_args] if i % 2 == 0 else [daemon_args, ()]
+                started = {args: stack.enter_context(daemon(*args)) for args in order}
+                ids = {pid: "on" if args else "off" for args, running in started.items()
+                       for pid, name in prog_ids(running.proc.pid).items() if name == "tcp_probe"}
+                before = prog_stats(ids)
+                iperf3(ns, 5406, seconds, "-P", "4")
+                after = prog_stats(ids)
+            cost = {name: (after[name][0] - before[name][0]) / max(1, after[name][1] - before[name][1])
+                    for name in ("off", "on")}
+            per_round.append((cost["off"], cost["on"], after["on"][1] - before["on"][1]))
+    off = statistics.median(r[0] for r in per_round)
+    on = statistics.median(r[1] for r in per_round)
+    extra = statistics.median(r[1] - r[0] for r in per_round)
+    return Row(f"2c. tcp_probe ns per event, {' '.join(daemon_args)} against none (both attached)",
+               f"{extra:+.0f} ns ({on:.0f} vs {off:.0f} ns total)", "within target 2 (<= 100 ns own)",
+               None, f"median of {rounds} rounds of {seconds:g} s, iperf3 -P 4 on loopback, the two programs on the "
+               "same events, attach order alternating; per round (off, on, events): "
+               + "; ".join(f"{a:.0f}, {b:.0f}, {n}" for a, b, n in per_round)
+               + ". The labels add work only when a sample is due (per-cgroup histogram) and when a flow "
+               "is created (owner and cgroup id); between samples the path is the same")
 
 
 # --- 3. daemon CPU at ~100k events/s --------------------------------------------------------------------------------
@@ -372,15 +408,17 @@ def bench_daemon_cpu(windows: int, window_s: float) -> Row:
 
 
 HOLDER = """
-import resource, selectors, socket, sys
-pairs, port = int(sys.argv[1]), int(sys.argv[2])
+import os, resource, selectors, socket, sys
+pairs, port, cgroups = int(sys.argv[1]), int(sys.argv[2]), [int(fd) for fd in sys.argv[3:]]
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 2 * pairs + 64), hard))
+resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 2 * pairs + 64 + len(cgroups)), hard))
 listener = socket.socket()
 listener.bind(("127.0.0.1", port))
 listener.listen(4096)
 socks = []
-for _ in range(pairs):
+for i in range(pairs):
+    if cgroups:
+        os.write(cgroups[i % len(cgroups)], str(os.getpid()).encode())
     client = socket.socket()
     client.connect(("127.0.0.1", port))
     socks += [client, listener.accept()[0]]
@@ -402,14 +440,23 @@ sys.stdin.read()
 
 
 @contextlib.contextmanager
-def held_connections(ns: str, flows: int) -> Iterator[int]:
-    """flows / 2 loopback connections (both ends tracked) held by as many processes as the open-file limit needs."""
+def held_connections(ns: str, flows: int, cgroups: Sequence[Path] = ()) -> Iterator[int]:
+    """flows / 2 loopback connections (both ends tracked) held by as many processes as the open-file limit needs;
+    with `cgroups`, the clients are spread over them (a socket's cgroup is its creator's when it is created) and
+    the accepted sides stay in their listener's."""
     per_process = (OPEN_FILES - 200) // 2
     pairs = flows // 2
     counts = [per_process] * (pairs // per_process) + ([pairs % per_process] if pairs % per_process else [])
-    holders = [subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", HOLDER, str(n), str(5500 + k)],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-               for k, n in enumerate(counts)]
+    # the cgroups' cgroup.procs files, opened here and inherited: `ip netns exec` mounts its own /sys, without them
+    procs = [os.open(c / "cgroup.procs", os.O_WRONLY) for c in cgroups]
+    try:
+        holders = [subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", HOLDER, str(n), str(5500 + k),
+                                     *map(str, procs)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                    pass_fds=procs)
+                   for k, n in enumerate(counts)]
+    finally:
+        for fd in procs:
+            os.close(fd)
     try:
         for holder in holders:
             if holder.stdout.readline().strip() != "ready":
@@ -448,6 +495,45 @@ def bench_scrape(flows: int, target_ms: float, labels: tuple[str, str], scrapes:
             f"per scrape {cpu * 1e3:.0f} ms, the wall time on a machine with a core to spare; default --flows top:50"),
         Row(f"{labels[1]}. daemon RSS with {tracked:.0f} tracked flows", f"{rss:.0f} MB", "<= 150 MB", rss <= 150,
             f"{rss_idle:.0f} MB before the flows existed; VmRSS from /proc after {scrapes + 1} scrapes"),
+    ]
+
+
+def bench_scrape_labels(flows: int, cgroups: int, daemon_args: tuple[str, ...], scrapes: int = 7) -> list[Row]:
+    """Two daemons on the same 10k flows, one with `daemon_args`, scraped alternately (the machine's noise hits
+    both alike); the clients are spread over `cgroups` cgroups named like pods' containers, with a pod log
+    directory naming the pods."""
+    max_flows = str(max(16384, 1 << (2 * flows - 1).bit_length()))
+    pods = [(str(uuid.uuid4()), uuid.uuid4().hex * 2) for _ in range(cgroups)]
+    with cgroup_tree() as tree, tempfile.TemporaryDirectory() as tmp, netns("scl") as ns:
+        dirs = [tree.cgroup(kubepods_systemd(uid, container)) for uid, container in pods]
+        logs = pod_logs(Path(tmp), "bench", "pod-0", pods[0][0])
+        for i, (uid, _) in enumerate(pods[1:], 1):
+            (logs / f"bench_pod-{i}_{uid}").mkdir()
+        with daemon("--max-flows", max_flows) as plain, \
+                daemon("--max-flows", max_flows, *daemon_args, "--pod-logs", str(logs)) as labelled, \
+                held_connections(ns, flows, dirs):
+            times: dict[str, list[float]] = {"off": [], "on": []}
+            for running in (plain, labelled):
+                running.scrape_text()  # the first scrape after the flows appear: the map is read cold
+            for _ in range(scrapes):
+                for name, running in (("off", plain), ("on", labelled)):
+                    started = time.perf_counter()
+                    text = running.scrape_text()
+                    times[name].append(time.perf_counter() - started)
+            tracked = running.metric("ccscope_tracked_flows", text)
+            groups = sum(1 for line in text.splitlines() if line.startswith("ccscope_cgroup_flows{"))
+            rss = {"off": rss_mb(plain.proc.pid), "on": rss_mb(labelled.proc.pid)}
+    on = median_interval(times["on"])[0]
+    setup = f"{tracked:.0f} tracked flows in {cgroups} pod cgroups, {' '.join(daemon_args)}"
+    return [
+        Row(f"4c. scrape time, {setup}, against none",
+            f"{median_text(times['on'], 1e3, ' ms')} vs {median_text(times['off'], 1e3, ' ms')}",
+            "<= 100 ms (4a)", on <= 0.1 and tracked >= flows,
+            f"HTTP GET, {scrapes} alternating scrapes of the two daemons; default --flows top:50; {groups} "
+            f"by-cgroup groups exported; per scrape off/on ms: "
+            + ", ".join(f"{a * 1e3:.0f}/{b * 1e3:.0f}" for a, b in zip(times["off"], times["on"], strict=True))),
+        Row(f"4d. daemon RSS, {setup}, against none", f"{rss['on']:.0f} MB vs {rss['off']:.0f} MB", "<= 150 MB (4b)",
+            rss["on"] <= 150, f"VmRSS from /proc after {scrapes + 1} scrapes"),
     ]
 
 
@@ -571,17 +657,30 @@ def steps(quick: bool) -> dict[str, Callable[[], list[Row]]]:
     }
 
 
+def attribution_steps(quick: bool) -> dict[str, Callable[[], list[Row]]]:
+    """--attribution: measures 2 and 4 with labels on, each against labels off."""
+    return {
+        "2": lambda: [bench_bpf_ns(seconds=2 if quick else 5, rounds=3 if quick else 7, daemon_args=ALL_LABELS)],
+        "2c": lambda: [bench_bpf_ns_labels(seconds=2 if quick else 5, rounds=3 if quick else 7,
+                                           daemon_args=ALL_LABELS)],
+        "4": lambda: bench_scrape_labels(flows=10_000, cgroups=100, daemon_args=ALL_LABELS),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="shorter runs (for trying the script out)")
     parser.add_argument("--only", help="comma-separated measures to run, e.g. 1,4 (default: all)")
     parser.add_argument("--no-write", action="store_true", help="print only, do not write the results file")
     parser.add_argument("--note", default="", help="extra words about the conditions, for the results file")
+    parser.add_argument("--attribution", action="store_true",
+                        help="measures 2 and 4 with labels off and on (--labels comm,cgroup,container,pod), in one "
+                             f"run; writes {RESULTS_ATTRIBUTION.relative_to(ROOT)}")
     args = parser.parse_args()
     if os.geteuid() != 0:
         print("bench/telemetry.py: needs root (BPF, namespaces, cgroups)", file=sys.stderr)
         return 3
-    chosen = steps(args.quick)
+    chosen = attribution_steps(args.quick) if args.attribution else steps(args.quick)
     if args.only:
         unknown = set(args.only.split(",")) - set(chosen)
         if unknown:
@@ -598,9 +697,10 @@ def main() -> int:
     report = render(rows, note)
     print("\n" + report)
     if not args.no_write and not args.only:
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(report)
-        print(f"wrote {RESULTS.relative_to(ROOT)}")
+        results = RESULTS_ATTRIBUTION if args.attribution else RESULTS
+        results.parent.mkdir(parents=True, exist_ok=True)
+        results.write_text(report)
+        print(f"wrote {results.relative_to(ROOT)}")
     return 0
 
 

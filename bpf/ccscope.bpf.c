@@ -5,7 +5,9 @@
  *   tp_btf/tcp_probe            every incoming segment on an established socket;
  *                               refreshes the flow at most once per sample interval
  *   tp_btf/tcp_retransmit_skb   retransmit counters per flow and per algorithm
- *   tp_btf/inet_sock_set_state  final values when a tracked flow reaches TCP_CLOSE
+ *   tp_btf/inet_sock_set_state  final values when a tracked flow reaches TCP_CLOSE;
+ *                               the owning process at connect (SYN_SENT) and listen
+ *   iter/task_file              run once at start: owners of the sockets that already exist
  *
  * The hot path (tcp_probe between samples) is an inlined per-CPU array
  * access and a compare against the socket's own clock (tp->tcp_mstamp): no
@@ -23,7 +25,10 @@
 
 #define AF_INET 2
 #define AF_INET6 10
+#define SOCK_STREAM 1
+#define TCP_SYN_SENT 2
 #define TCP_CLOSE 7
+#define TCP_LISTEN 10
 #define RINGBUF_WAKEUP_BYTES (256 << 10) /* the loader never sizes the ring below 1 MiB */
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
@@ -87,6 +92,56 @@ struct {
 	__type(value, struct hist);
 } hists SEC(".maps");
 
+/*
+ * Owners of sockets not yet (or no longer) in `flows`: set at connect, read
+ * once when tcp_probe first sees the flow. LRU: connects that never carry
+ * data age out. The loader sizes it like `flows`.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u64);
+	__type(value, struct owner);
+} owners SEC(".maps");
+
+/* Listening sockets' owners: accepted flows are created in softirq, where `current` is nobody's. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct listener_key);
+	__type(value, struct owner);
+} listeners SEC(".maps");
+
+/*
+ * Host aggregates by cgroup, in slots: a flow learns its cgroup's slot once,
+ * when it is created, so a sample costs an array access rather than a hash
+ * lookup. Slot CCSCOPE_CGROUP_OTHER takes the cgroups that found no free
+ * slot. Per-CPU: every flow of a busy cgroup updates the same slot at each
+ * sample, and atomics on one shared line would cost more than the rest of the
+ * sample. The loader sizes the three maps to --max-cgroups (+1 for the array),
+ * fills free_slots with 1..--max-cgroups, and gives a slot back (zeroed) when
+ * its cgroup has expired.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 129);
+	__type(key, __u32);
+	__type(value, struct cgroup_stats);
+} cgroup_stats SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 128);
+	__type(key, __u64);   /* cgroup id */
+	__type(value, __u32); /* its slot in cgroup_stats */
+} cgroup_slots SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_QUEUE);
+	__uint(max_entries, 128);
+	__type(value, __u32);
+} free_slots SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, CCSCOPE_CNT_MAX);
@@ -129,22 +184,16 @@ static __always_inline __u32 log2_u64(__u64 v)
 	return r;
 }
 
-static __always_inline void observe(const char *ca_name, __u32 kind, __u32 value_us)
+/*
+ * All zeroes, the initial value of new hists: in .bss, not on the stack, which
+ * tcp_probe and create_flow share (512 bytes together on 6.1's verifier).
+ */
+static struct hist zero_hist;
+
+static __always_inline __u32 hist_slot(__u32 value_us)
 {
-	struct hist_key key = { .kind = kind };
-	struct hist *h;
 	__u32 slot;
 
-	__builtin_memcpy(key.name, ca_name, CCSCOPE_CA_NAME_LEN);
-	h = bpf_map_lookup_elem(&hists, &key);
-	if (!h) {
-		struct hist empty = {};
-
-		bpf_map_update_elem(&hists, &key, &empty, BPF_NOEXIST);
-		h = bpf_map_lookup_elem(&hists, &key);
-		if (!h)
-			return;
-	}
 	/*
 	 * Values are u32 microseconds, so log2 <= 31 < CCSCOPE_HIST_SLOTS. The
 	 * barrier keeps clang from folding the mask into log2's arithmetic,
@@ -152,9 +201,36 @@ static __always_inline void observe(const char *ca_name, __u32 kind, __u32 value
 	 */
 	slot = log2_u64(value_us);
 	barrier_var(slot);
-	slot &= CCSCOPE_HIST_SLOTS - 1;
-	__sync_fetch_and_add(&h->slots[slot], 1);
+	return slot & (CCSCOPE_HIST_SLOTS - 1);
+}
+
+static __always_inline void hist_add(struct hist *h, __u32 value_us)
+{
+	__sync_fetch_and_add(&h->slots[hist_slot(value_us)], 1);
 	__sync_fetch_and_add(&h->sum_us, value_us);
+}
+
+/* For per-CPU values: plain adds, no shared cache line to bounce between CPUs. */
+static __always_inline void hist_add_local(struct hist *h, __u32 value_us)
+{
+	h->slots[hist_slot(value_us)] += 1;
+	h->sum_us += value_us;
+}
+
+static __always_inline void observe(const char *ca_name, __u32 kind, __u32 value_us)
+{
+	struct hist_key key = { .kind = kind };
+	struct hist *h;
+
+	__builtin_memcpy(key.name, ca_name, CCSCOPE_CA_NAME_LEN);
+	h = bpf_map_lookup_elem(&hists, &key);
+	if (!h) {
+		bpf_map_update_elem(&hists, &key, &zero_hist, BPF_NOEXIST);
+		h = bpf_map_lookup_elem(&hists, &key);
+		if (!h)
+			return;
+	}
+	hist_add(h, value_us);
 }
 
 static __always_inline struct cc_stats *cc_stats_for(const char *ca_name)
@@ -169,6 +245,87 @@ static __always_inline struct cc_stats *cc_stats_for(const char *ca_name)
 	struct cc_stats empty = {};
 	bpf_map_update_elem(&cc_stats, &key, &empty, BPF_NOEXIST);
 	return bpf_map_lookup_elem(&cc_stats, &key);
+}
+
+/* A cgroup's slot in cgroup_stats; with `allocate`, a free one for a cgroup without. */
+static __always_inline __u32 cgroup_slot(__u64 cgroup_id, int allocate)
+{
+	__u32 *found, slot;
+
+	if (!cgroup_id)
+		return CCSCOPE_CGROUP_OTHER;
+	found = bpf_map_lookup_elem(&cgroup_slots, &cgroup_id);
+	if (found)
+		return *found;
+	if (!allocate || bpf_map_pop_elem(&free_slots, &slot) != 0)
+		return CCSCOPE_CGROUP_OTHER;
+	if (bpf_map_update_elem(&cgroup_slots, &cgroup_id, &slot, BPF_NOEXIST) != 0) {
+		bpf_map_push_elem(&free_slots, &slot, 0); /* another CPU gave this cgroup a slot first */
+		found = bpf_map_lookup_elem(&cgroup_slots, &cgroup_id);
+		return found ? *found : CCSCOPE_CGROUP_OTHER;
+	}
+	return slot;
+}
+
+static __always_inline struct cgroup_stats *cgroup_stats_at(__u32 slot)
+{
+	return bpf_map_lookup_elem(&cgroup_stats, &slot);
+}
+
+/*
+ * The socket's cgroup v2 id, set when the socket was created (accepted
+ * sockets inherit their listener's). 0 when this kernel keeps none.
+ */
+static __always_inline __u64 socket_cgroup_id(const struct sock *sk)
+{
+	struct cgroup *cgrp;
+
+	if (!bpf_core_field_exists(sk->sk_cgrp_data))
+		return 0;
+	if (bpf_core_field_exists(sk->sk_cgrp_data.cgroup)) {
+		cgrp = BPF_CORE_READ(sk, sk_cgrp_data.cgroup);
+	} else {
+		struct sock_cgroup_data___old *old = (void *)&sk->sk_cgrp_data;
+		__u64 val = BPF_CORE_READ(old, val);
+
+		if (val & 1) /* net_cls/net_prio data, not a cgroup pointer */
+			return 0;
+		cgrp = (struct cgroup *)val;
+	}
+	return cgrp ? BPF_CORE_READ(cgrp, kn, id) : 0;
+}
+
+static __always_inline void current_owner(struct owner *o)
+{
+	o->tgid = bpf_get_current_pid_tgid() >> 32;
+	bpf_get_current_comm(o->comm, sizeof(o->comm));
+}
+
+static __always_inline struct listener_key listener_of(const struct sock *sk)
+{
+	struct listener_key key = {};
+
+	key.netns = BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum);
+	key.port = sk->__sk_common.skc_num;
+	return key;
+}
+
+/* Owner of a new flow: its connect() record, else (accepted) its listener's, else none. */
+static __always_inline void attribute(struct flow *f, const struct sock *sk, __u64 cookie)
+{
+	struct listener_key key;
+	struct owner *o;
+
+	f->cgroup_id = socket_cgroup_id(sk);
+	o = bpf_map_lookup_elem(&owners, &cookie);
+	if (!o) {
+		key = listener_of(sk);
+		o = bpf_map_lookup_elem(&listeners, &key);
+	}
+	if (o) {
+		f->tgid = o->tgid;
+		__builtin_memcpy(f->comm, o->comm, CCSCOPE_COMM_LEN);
+	}
 }
 
 static __always_inline void read_ca_name(struct tcp_sock *tp, char *dst)
@@ -231,7 +388,12 @@ static __always_inline void emit(const struct flow *f, __u8 event, const struct 
 	count(CCSCOPE_CNT_SAMPLES);
 }
 
-static __always_inline struct flow *create_flow(struct sock *sk, struct tcp_sock *tp, __u64 cookie, __u64 now)
+/*
+ * Not inlined: it runs once per flow, and inlined its registers would spill
+ * on tcp_probe's per-event path (measured: ~10 ns per event).
+ */
+static __noinline struct flow *create_flow(struct sock *sk, struct tcp_sock *tp, __u64 cookie, __u64 now,
+						const struct config *cfg)
 {
 	struct flow f = {};
 	struct cc_stats *stats;
@@ -251,6 +413,9 @@ static __always_inline struct flow *create_flow(struct sock *sk, struct tcp_sock
 		__builtin_memcpy(f.daddr, (const void *)&sk->__sk_common.skc_daddr, 4);
 	}
 	read_ca_name(tp, f.ca_name);
+	attribute(&f, sk, cookie);
+	if (cfg->cgroup_stats)
+		f.cgroup_slot = cgroup_slot(f.cgroup_id, 1);
 	/*
 	 * A new storage entry holds 0: this socket was never seen. Without storage (out of
 	 * memory) the flow counts as new, as it would have without this check.
@@ -269,6 +434,12 @@ static __always_inline struct flow *create_flow(struct sock *sk, struct tcp_sock
 		stats = cc_stats_for(f.ca_name);
 		if (stats)
 			__sync_fetch_and_add(&stats->flows, 1);
+		if (cfg->cgroup_stats) {
+			struct cgroup_stats *cg = cgroup_stats_at(f.cgroup_slot);
+
+			if (cg)
+				cg->flows += 1;
+		}
 	}
 	return bpf_map_lookup_elem(&flows, &cookie);
 }
@@ -295,6 +466,7 @@ int BPF_PROG(tcp_probe, struct sock *sk, const struct sk_buff *skb)
 	struct config *cfg;
 	struct flow *f;
 	__u64 now, interval_ns, mstamp_ns;
+	__u32 queue_us;
 
 	count(CCSCOPE_CNT_PROBE_EVENTS);
 	if (!tp)
@@ -324,16 +496,21 @@ int BPF_PROG(tcp_probe, struct sock *sk, const struct sk_buff *skb)
 	gate->cookie = cookie;
 	gate->next_us = (now + interval_ns) / 1000;
 	if (!f) {
-		f = create_flow(sk, tp, cookie, now);
+		f = create_flow(sk, tp, cookie, now, cfg);
 		if (!f)
 			return 0;
 	}
 	refresh(f, sk, tp, now);
 	observe(f->ca_name, CCSCOPE_HIST_SRTT, f->srtt_us);
-	if (f->min_rtt_us && f->min_rtt_us != ~0U && f->srtt_us > f->min_rtt_us)
-		observe(f->ca_name, CCSCOPE_HIST_QUEUE_DELAY, f->srtt_us - f->min_rtt_us);
-	else
-		observe(f->ca_name, CCSCOPE_HIST_QUEUE_DELAY, 0);
+	queue_us = f->min_rtt_us && f->min_rtt_us != ~0U && f->srtt_us > f->min_rtt_us ?
+		   f->srtt_us - f->min_rtt_us : 0;
+	observe(f->ca_name, CCSCOPE_HIST_QUEUE_DELAY, queue_us);
+	if (cfg->cgroup_stats) {
+		struct cgroup_stats *cg = cgroup_stats_at(f->cgroup_slot);
+
+		if (cg)
+			hist_add_local(&cg->queue_delay, queue_us);
+	}
 	emit(f, CCSCOPE_EV_PROBE, cfg);
 	return 0;
 }
@@ -345,7 +522,9 @@ int BPF_PROG(tcp_retransmit_skb, const struct sock *sk, const struct sk_buff *sk
 	struct flow *f = bpf_map_lookup_elem(&flows, &cookie);
 	struct tcp_sock *tp = bpf_skc_to_tcp_sock((void *)sk);
 	char ca_name[CCSCOPE_CA_NAME_LEN] = {};
+	struct cgroup_stats *cg;
 	struct cc_stats *stats;
+	struct config *cfg;
 
 	count(CCSCOPE_CNT_RETRANSMIT_EVENTS);
 	if (f)
@@ -356,7 +535,34 @@ int BPF_PROG(tcp_retransmit_skb, const struct sock *sk, const struct sk_buff *sk
 	stats = cc_stats_for(ca_name);
 	if (stats)
 		__sync_fetch_and_add(&stats->retransmits, 1);
+	cfg = get_config();
+	if (cfg && cfg->cgroup_stats) {
+		cg = cgroup_stats_at(f ? f->cgroup_slot : cgroup_slot(socket_cgroup_id(sk), 0));
+		if (cg)
+			cg->retransmits += 1;
+	}
 	return 0;
+}
+
+/*
+ * connect() and listen() set these states from the calling task (tcp_v4_connect,
+ * inet_csk_listen_start), so `current` is the socket's owner here; an accepted
+ * socket reaches its states in softirq and is attributed through its listener.
+ */
+static __always_inline void record_owner(const struct sock *sk, int newstate)
+{
+	struct owner o = {};
+	__u64 cookie;
+
+	current_owner(&o);
+	if (newstate == TCP_LISTEN) {
+		struct listener_key key = listener_of(sk);
+
+		bpf_map_update_elem(&listeners, &key, &o, BPF_ANY);
+		return;
+	}
+	cookie = bpf_get_socket_cookie((void *)sk);
+	bpf_map_update_elem(&owners, &cookie, &o, BPF_ANY);
 }
 
 SEC("tp_btf/inet_sock_set_state")
@@ -366,9 +572,20 @@ int BPF_PROG(inet_sock_set_state, const struct sock *sk, const int oldstate, con
 	struct flow *f;
 	struct tcp_sock *tp;
 
+	if (newstate == TCP_SYN_SENT || newstate == TCP_LISTEN) {
+		record_owner(sk, newstate);
+		return 0;
+	}
 	if (newstate != TCP_CLOSE)
 		return 0;
 	cookie = bpf_get_socket_cookie((void *)sk);
+	if (oldstate == TCP_LISTEN) {
+		struct listener_key key = listener_of(sk);
+
+		bpf_map_delete_elem(&listeners, &key);
+		return 0;
+	}
+	bpf_map_delete_elem(&owners, &cookie);
 	f = bpf_map_lookup_elem(&flows, &cookie);
 	if (!f) /* only flows tcp_probe has seen are tracked */
 		return 0;
@@ -380,5 +597,54 @@ int BPF_PROG(inet_sock_set_state, const struct sock *sk, const int oldstate, con
 	f->closed_ns = now;
 	count(CCSCOPE_CNT_FLOWS_CLOSED);
 	emit(f, CCSCOPE_EV_CLOSE, get_config());
+	return 0;
+}
+
+/*
+ * Run once by the loader right after attaching: the sockets that existed
+ * before ccscope started never pass connect or listen again, so their owners
+ * are taken from the file tables instead (the process holding the socket; for
+ * an accepted socket, the process that accepted it). Records made since the
+ * attach are fresher and are kept (BPF_NOEXIST); a flow tcp_probe created in
+ * between gets its owner filled in.
+ */
+SEC("iter/task_file")
+int seed_owners(struct bpf_iter__task_file *ctx)
+{
+	struct task_struct *task = ctx->task;
+	struct file *file = ctx->file;
+	struct owner o = {};
+	struct socket *sock;
+	struct sock *sk;
+	struct flow *f;
+	__u64 cookie;
+	__u16 family;
+
+	if (!task || !file)
+		return 0;
+	sock = bpf_sock_from_file(file);
+	if (!sock || sock->type != SOCK_STREAM)
+		return 0;
+	sk = sock->sk;
+	if (!sk)
+		return 0;
+	family = sk->__sk_common.skc_family;
+	if (family != AF_INET && family != AF_INET6)
+		return 0;
+	o.tgid = task->tgid;
+	bpf_probe_read_kernel_str(o.comm, sizeof(o.comm), task->comm);
+	if (sk->__sk_common.skc_state == TCP_LISTEN) {
+		struct listener_key key = listener_of(sk);
+
+		bpf_map_update_elem(&listeners, &key, &o, BPF_NOEXIST);
+		return 0;
+	}
+	cookie = bpf_get_socket_cookie(sk);
+	bpf_map_update_elem(&owners, &cookie, &o, BPF_NOEXIST);
+	f = bpf_map_lookup_elem(&flows, &cookie);
+	if (f && !f->tgid) {
+		f->tgid = o.tgid;
+		__builtin_memcpy(f->comm, o.comm, CCSCOPE_COMM_LEN);
+	}
 	return 0;
 }

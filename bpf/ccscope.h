@@ -12,6 +12,8 @@
 
 #define CCSCOPE_CA_NAME_LEN 16
 #define CCSCOPE_HIST_SLOTS 32 /* log2 buckets of microseconds; a power of two, see observe() */
+#define CCSCOPE_COMM_LEN 16    /* TASK_COMM_LEN */
+#define CCSCOPE_CGROUP_OTHER 0 /* cgroup_stats slot of the cgroups that found no free slot */
 
 /*
  * Why a flow record was emitted to the ring buffer. Retransmits are counted
@@ -81,6 +83,23 @@ struct flow {
 	__u32 rate_interval_us;
 	__u32 retransmit_events; /* tcp_retransmit_skb calls seen for this flow */
 	char ca_name[CCSCOPE_CA_NAME_LEN];
+	__u64 cgroup_id;       /* cgroup v2 id of the socket (inode of its directory); 0 if unknown */
+	__u32 tgid;            /* process that connected, or listened for an accepted flow; 0 if unknown */
+	__u32 cgroup_slot;     /* its cgroup's slot in cgroup_stats (with config.cgroup_stats) */
+	char comm[CCSCOPE_COMM_LEN]; /* that process's name at connect/listen time */
+};
+
+/* Who opened a socket, recorded in process context at connect (by cookie) and at listen (by netns+port). */
+struct owner {
+	__u32 tgid;
+	__u32 __pad0;
+	char comm[CCSCOPE_COMM_LEN];
+};
+
+struct listener_key {
+	__u32 netns;
+	__u16 port;            /* host byte order */
+	__u16 __pad0;
 };
 
 struct cc_key {
@@ -104,10 +123,17 @@ struct hist {
 	__u64 sum_us;
 };
 
+/* Host aggregates per cgroup (config.cgroup_stats), per-CPU, in the slot cgroup_slots gives the cgroup. */
+struct cgroup_stats {
+	__u64 flows;
+	__u64 retransmits;
+	struct hist queue_delay;
+};
+
 struct config {
 	__u64 sample_interval_ns; /* per-flow minimum spacing of samples and histogram observations */
 	__u32 emit_samples;       /* 0: keep maps only, 1: also stream samples to the ring buffer */
-	__u32 __pad0;
+	__u32 cgroup_stats;       /* 1: also aggregate by cgroup into the cgroup_stats map */
 };
 
 #endif /* __CCSCOPE_H */

@@ -46,17 +46,95 @@ struct sock_common {
 	struct in6_addr skc_v6_rcv_saddr;
 };
 
+struct kernfs_node {
+	__u64 id; /* u64 since 5.5: the cgroup id, and the inode number of its directory */
+};
+
+struct cgroup {
+	struct kernfs_node *kn;
+};
+
+/* 5.15+: a plain pointer to the socket's cgroup v2 cgroup. */
+struct sock_cgroup_data {
+	struct cgroup *cgroup;
+};
+
+/*
+ * Before 5.15: a union whose u64 `val` is the cgroup pointer, or (lowest bit
+ * set) net_cls/net_prio data when cgroup v1 controllers claimed the socket.
+ * CO-RE finds `val` inside the anonymous union.
+ */
+struct sock_cgroup_data___old {
+	__u64 val;
+};
+
 struct sock {
 	struct sock_common __sk_common;
-	unsigned long sk_pacing_rate;
+	__u8 sk_pacing_status;		/* written by BPF congestion controls */
+	unsigned long sk_pacing_rate;	/* written by BPF congestion controls */
+	struct sock_cgroup_data sk_cgrp_data;
+};
+
+struct socket {
+	short type;
+	struct sock *sk;
+};
+
+struct file;
+
+struct task_struct {
+	int tgid;
+	char comm[16];
+};
+
+struct bpf_iter_meta;
+
+/* The context of iter/task_file programs: every open file of every task. */
+struct bpf_iter__task_file {
+	union {
+		struct bpf_iter_meta *meta;
+	};
+	union {
+		struct task_struct *task;
+	};
+	__u32 fd;
+	union {
+		struct file *file;
+	};
 };
 
 struct inet_sock {
 	struct sock sk;
 };
 
+struct ack_sample {
+	__u32 pkts_acked;
+	__s32 rtt_us;
+	__u32 in_flight;
+};
+
+struct rate_sample;
+union tcp_cc_info;
+
+/*
+ * The members a BPF congestion control may set (bpf/cc/). libbpf matches them
+ * by name against the kernel's struct when it builds the struct_ops map, so
+ * members the kernel added or moved (cong_control gained arguments in 6.10)
+ * do not matter as long as the programs only read the arguments they share.
+ */
 struct tcp_congestion_ops {
+	__u32 (*ssthresh)(struct sock *sk);
+	void (*cong_avoid)(struct sock *sk, __u32 ack, __u32 acked);
+	void (*set_state)(struct sock *sk, __u8 new_state);
+	void (*cwnd_event)(struct sock *sk, int ev);
+	void (*in_ack_event)(struct sock *sk, __u32 flags);
+	void (*pkts_acked)(struct sock *sk, const struct ack_sample *sample);
+	void (*cong_control)(struct sock *sk, const struct rate_sample *rs);
+	__u32 (*undo_cwnd)(struct sock *sk);
 	char name[16];
+	__u32 flags;
+	void (*init)(struct sock *sk);
+	void (*release)(struct sock *sk);
 };
 
 struct inet_connection_sock {
@@ -66,6 +144,7 @@ struct inet_connection_sock {
 	__u8 icsk_ca_initialized: 1;
 	__u8 icsk_ca_setsockopt: 1;
 	__u8 icsk_ca_dst_locked: 1;
+	__u64 icsk_ca_priv[13];
 };
 
 struct minmax_sample {
@@ -80,7 +159,11 @@ struct minmax {
 struct tcp_sock {
 	struct inet_connection_sock inet_conn;
 	__u32 snd_cwnd;
+	__u32 snd_cwnd_cnt;
+	__u32 snd_cwnd_clamp;
 	__u32 snd_ssthresh;
+	__u32 snd_nxt;
+	__u32 snd_una;
 	__u32 srtt_us;
 	__u32 mdev_us;
 	struct minmax rtt_min;

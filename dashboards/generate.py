@@ -21,7 +21,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 DS = {"type": "prometheus", "uid": "${datasource}"}
 TARGET = 'job=~"$job",instance=~"$instance"'
-FLOW_SEL = TARGET + ',netns=~"$netns",cc=~"$cc",flow=~"$flow"'
+# Workload labels exist with `ccscope daemon --labels ...pod,container`; without them "All" (.*) also matches
+# series that lack the label, so the dashboard works either way.
+WORKLOAD_SEL = 'namespace=~"$namespace",pod=~"$pod",container=~"$container"'
+FLOW_SEL = TARGET + ',' + WORKLOAD_SEL + ',netns=~"$netns",cc=~"$cc",flow=~"$flow"'
 RUN_SEL = TARGET + ',scenario=~"$scenario",run=~"$run"'
 CA_STATES = ("open", "disorder", "cwr", "recovery", "loss")
 
@@ -144,13 +147,22 @@ def live_flows() -> dict:
     lay = Layout()
     _host_panels(lay)
     _per_flow_panels(lay)
+    _pod_panels(lay)
     _daemon_health_panels(lay)
     variables = [datasource_var(), *job_instance_vars(),
+                 query_var("namespace", "Kubernetes namespace",
+                           f'label_values(ccscope_flow_cwnd_segments{{{TARGET}}}, namespace)'),
+                 query_var("pod", "Pod",
+                           f'label_values(ccscope_flow_cwnd_segments{{{TARGET},namespace=~"$namespace"}}, pod)'),
+                 query_var("container", "Container ID",
+                           f'label_values(ccscope_flow_cwnd_segments{{{TARGET},namespace=~"$namespace",'
+                           f'pod=~"$pod"}}, container)'),
                  query_var("netns", "Network namespace",
-                           f'label_values(ccscope_flow_cwnd_segments{{{TARGET}}}, netns)'),
+                           f'label_values(ccscope_flow_cwnd_segments{{{TARGET},{WORKLOAD_SEL}}}, netns)'),
                  query_var("cc", "Algorithm", f'label_values(ccscope_tcp_flows{{{TARGET}}}, cc)'),
                  query_var("flow", "Flow",
-                           f'label_values(ccscope_flow_cwnd_segments{{{TARGET},netns=~"$netns",cc=~"$cc"}}, flow)')]
+                           f'label_values(ccscope_flow_cwnd_segments{{{TARGET},{WORKLOAD_SEL},netns=~"$netns",'
+                           f'cc=~"$cc"}}, flow)')]
     return dashboard("ccscope-live-flows", "ccscope — live flows",
                      "Per-flow TCP congestion telemetry (cwnd, ssthresh, RTT, queueing delay, retransmits, rates) "
                      "from ccscope's eBPF exporter.", ["ccscope", "tcp"], variables, lay.panels, [], "now-15m")
@@ -235,6 +247,24 @@ def _per_flow_panels(lay: Layout) -> None:
                target(f"ccscope_flow_mss_bytes{{{fs}}}", "{{flow}}")), w=12, h=6)
     lay.add(ts("Exported flows by algorithm", "Per-flow series by congestion control algorithm.", "short",
                target(f"count by (cc) (ccscope_flow_cwnd_segments{{{fs}}})", "{{cc}}")), w=12, h=6)
+
+
+def _pod_panels(lay: Layout) -> None:
+    lay.row("By pod (ccscope daemon --labels pod,container: host aggregates by cgroup)")
+    pods = TARGET + "," + WORKLOAD_SEL
+    lay.add(ts("Queueing delay p90 by pod",
+               "p90 of srtt - min_rtt over each pod's flows, from ccscope_cgroup_queueing_delay_seconds "
+               "(buckets 1 ms .. 4.2 s); \"other\" holds the cgroups beyond --max-cgroups.", "s",
+               target(f"histogram_quantile(0.9, sum by (namespace, pod, le) "
+                      f"(rate(ccscope_cgroup_queueing_delay_seconds_bucket{{{pods}}}[$__rate_interval])))",
+                      "{{namespace}}/{{pod}}"), thresholds=[(0.1, "red")]), w=8)
+    lay.add(ts("Retransmits by pod", "Retransmitted segments per second of each pod's flows "
+               "(ccscope_cgroup_retransmits_total).", "cps",
+               target(f"sum by (namespace, pod) (rate(ccscope_cgroup_retransmits_total{{{pods}}}"
+                      f"[$__rate_interval]))", "{{namespace}}/{{pod}}")), w=8)
+    lay.add(ts("Open flows by pod", "Tracked open TCP flows of each pod (ccscope_cgroup_flows).", "short",
+               target(f"sum by (namespace, pod) (ccscope_cgroup_flows{{{pods}}})", "{{namespace}}/{{pod}}")),
+            w=8)
 
 
 def _daemon_health_panels(lay: Layout) -> None:

@@ -362,3 +362,19 @@ def parse_metrics(text: str) -> list[tuple[str, dict[str, str], float]]:
         samples.append((match.group(1), labels, float(match.group(3))))
     return samples
 
+
+def cli(*args: str) -> list[str]:
+    return [*CCSCOPE, *args]
+
+
+def values(samples, name: str, **labels: str) -> list[float]:
+    return [v for n, lab, v in samples if n == name and all(lab.get(k) == x for k, x in labels.items())]
+
+
+def wait_for(predicate, timeout: float = 10.0, step: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result or time.monotonic() > deadline:
+            return result
+        time.sleep(step)

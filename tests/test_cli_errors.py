@@ -53,6 +53,12 @@ def assert_one_line_error(result: subprocess.CompletedProcess, code: int, *needl
     (["flows", "--sort", "nothing"], "--sort"),
     (["flows", "--interval", "1ms"], "--interval"),
     (["trace", "--count", "0"], "--count"),
+    (["daemon", "--labels", "comm,uid"], "--labels 'uid' is not one of comm,cgroup,container,pod"),
+    (["daemon", "--labels", "cgroup", "--cgroup-depth", "-1"], "--cgroup-depth -1"),
+    (["daemon", "--labels", "pod", "--max-cgroups", "0"], "--max-cgroups 0"),
+    (["daemon", "--labels", "pod", "--cgroup-root", "/tmp"], "--cgroup-root /tmp is not a cgroup v2 hierarchy"),
+    (["flows", "--cgroup", "kubepods.slice"], "--cgroup 'kubepods.slice'"),
+    (["trace", "--comm", "a-name-longer-than-15"], "--comm 'a-name-longer-than-15'"),
     (["trace", "--duration", "forever"], "--duration"),
     # negative values are refused by the flag's own check, not "expected one argument"
     (["flows", "--interval", "-1s"], "--interval '-1s' is negative"),

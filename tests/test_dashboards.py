@@ -1,14 +1,16 @@
 """The Grafana dashboards, checked by construction (there is no Grafana here).
 
 Static checks read the committed JSON. The live checks start a real Prometheus scraping a real
-`ccscope daemon` (and an in-process exporter that labels our namespaces like a scenario run does) while
-iperf3 pushes a real flow through a tbf bottleneck between two namespaces, then run every panel query,
+`ccscope daemon` with pod labels (and an in-process exporter that labels our namespaces like a scenario run
+does) while iperf3, in a cgroup named like a Kubernetes pod's container, pushes a real flow through a tbf
+bottleneck between two namespaces, then run every panel query,
 variable query and annotation query, with Grafana's variables substituted, and require data from each.
 A renamed metric, a broken label or a wrong unit of time in a query fails here.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -24,6 +26,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cgrouphelpers import Tree, cgroup_tree, kubepods_systemd, pod_logs
 from nethelpers import free_port, stop_process
 from prereqs import ROOT, require, require_bpf_object, require_root, require_tools
 
@@ -114,7 +117,7 @@ def test_every_query_matches_job_and_instance_and_rates_use_rate_interval(path: 
 def test_live_dashboard_variables():
     dash = _load(DASHBOARDS / "ccscope-live-flows.json")
     assert [v["name"] for v in dash["templating"]["list"]] == [
-        "datasource", "job", "instance", "netns", "cc", "flow"]
+        "datasource", "job", "instance", "namespace", "pod", "container", "netns", "cc", "flow"]
     scen = _load(DASHBOARDS / "ccscope-scenario.json")
     assert [v["name"] for v in scen["templating"]["list"]] == ["datasource", "job", "instance", "scenario", "run"]
     assert {a["name"] for a in scen["annotations"]["list"][1:]} == {"Run start", "Run end", "Algorithm swap"}
@@ -207,6 +210,9 @@ scrape_configs:
     static_configs: [{{targets: ["127.0.0.1:{scenario}"]}}]
 """
 SCENARIO = {"scenario": "dashboard-test", "profile": "tbf-20mbit", "run": "1"}
+# The pod the iperf3 client runs in (its cgroup named as kubelet and containerd name them).
+POD = {"namespace": "shop", "pod": "loadgen-5c7d", "pod_uid": "0b7e2a1c-3d4f-4a5b-8c6d-7e8f9a0b1c2d",
+       "container": "c0ffee" * 10 + "abcd"}
 
 
 @pytest.fixture(scope="module")
@@ -220,7 +226,11 @@ def stack():
     tmp = Path(tempfile.mkdtemp(prefix="ccscope-dash-"))
     procs: list[subprocess.Popen] = []
     exporter: ScenarioExporter | None = None
+    cleanup = contextlib.ExitStack()
     try:
+        tree = cleanup.enter_context(cgroup_tree())
+        pod_cgroup = tree.cgroup(kubepods_systemd(POD["pod_uid"], POD["container"]))
+        logs = pod_logs(tmp, POD["namespace"], POD["pod"], POD["pod_uid"])
         # sender A -> router R -> receiver B. The bottleneck sits on the router, not on the sender's own
         # qdisc, where TCP small queues would keep the queue (and the losses) from ever building up.
         for ns in (ns_a, ns_r, ns_b):
@@ -246,7 +256,8 @@ def stack():
                    f"http://127.0.0.1:{scenario_port}/metrics", sender_netns=str(os.stat(f"/run/netns/{ns_a}").st_ino))
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "ccscope.cli", "daemon", "--listen", f"127.0.0.1:{daemon_port}",
-             "--flows", "top:50", "--grace", "10s"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+             "--flows", "top:50", "--grace", "10s", "--labels", "comm,cgroup,container,pod", "--pod-logs", str(logs)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
         exporter = ScenarioExporter(inodes, scenario_port)
         (tmp / "prometheus.yml").write_text(PROM_CONFIG.format(
             rules=json.dumps([str(r) for r in RULES]), daemon=daemon_port, scenario=scenario_port))
@@ -270,7 +281,8 @@ def stack():
         def unit(algorithm: str, seconds: int, *extra: str) -> None:
             exporter.label({**SCENARIO, "algorithm": algorithm})
             st.events[algorithm] = time.time()
-            out = _sh("ip", "netns", "exec", ns_a, "iperf3", "-c", "198.51.100.2", "-t", str(seconds), "-J", *extra)
+            out = _sh(*Tree.command(pod_cgroup, "ip", "netns", "exec", ns_a, "iperf3", "-c", "198.51.100.2",
+                                    "-t", str(seconds), "-J", *extra))
             st.iperf.append(json.loads(out))
             exporter.label({})
 
@@ -288,6 +300,7 @@ def stack():
             stop_process(proc)
         for ns in (ns_a, ns_r, ns_b):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        cleanup.close()
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -345,7 +358,8 @@ def _live_prefs(stack: Stack) -> dict[str, str]:
                       at=stack.events["cubic"] + 8)
     assert top, "the daemon exported no flow of our namespace"
     instance = stack.query('ccscope_build_info{job="ccscope"}')[0]["metric"]["instance"]
-    return {"job": "ccscope", "instance": instance, "netns": stack.sender_netns, "cc": "cubic",
+    return {"job": "ccscope", "instance": instance, "namespace": POD["namespace"], "pod": POD["pod"],
+            "container": POD["container"], "netns": stack.sender_netns, "cc": "cubic",
             "flow": top[0]["metric"]["flow"]}
 
 

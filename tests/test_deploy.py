@@ -350,6 +350,18 @@ def test_daemonset_security_and_scheduling():
     volume = next(v for v in pod["volumes"] if v["name"] == "btf")
     assert mount == {"name": "btf", "mountPath": BTF_DIR, "readOnly": True}
     assert volume["hostPath"]["path"] == BTF_DIR
+    # --labels: the node's cgroup tree and pod log directory, read-only, where the flags point.
+    assert all(m.get("readOnly") for m in container["volumeMounts"])
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    hosts = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
+    flags = _flags(container["args"][1:])
+    assert hosts["cgroup"] == "/sys/fs/cgroup" and mounts["cgroup"] == flags["cgroup_root"]
+    assert hosts["pod-logs"] == "/var/log/pods" and mounts["pod-logs"] == flags["pod_logs"]
+    assert set(flags["labels"].split(",")) <= {"comm", "cgroup", "container", "pod"}
+    from ccscope.cli import build_parser
+
+    args = build_parser().parse_args([a.replace("$(NODE_IP)", "10.0.0.1") for a in container["args"]])
+    assert (args.labels, args.pod_logs) == (flags["labels"], flags["pod_logs"])
 
 
 def test_daemonset_flags_ports_and_monitoring_agree():
@@ -371,6 +383,8 @@ def test_daemonset_flags_ports_and_monitoring_agree():
     assert monitor["kind"] == "PodMonitor"
     assert monitor["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
     assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == port["name"]
+    # The flows' pod/namespace/container labels must not be renamed exported_* by the target's own.
+    assert monitor["spec"]["podMetricsEndpoints"][0]["honorLabels"] is True
     # The alert rules watch job="ccscope": the PodMonitor's jobLabel must produce exactly that.
     assert pod_labels[monitor["spec"]["jobLabel"]] == "ccscope"
     assert 'up{job="ccscope"}' in (DEPLOY / "prometheus" / "rules" / "ccscope-alerts.yml").read_text()

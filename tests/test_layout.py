@@ -74,6 +74,8 @@ def test_constants_and_enums_match_header() -> None:
     defines = dict(re.findall(r"^#define (CCSCOPE_\w+) (\d+)", header, re.M))
     assert int(defines["CCSCOPE_CA_NAME_LEN"]) == bt.CA_NAME_LEN
     assert int(defines["CCSCOPE_HIST_SLOTS"]) == bt.HIST_SLOTS
+    assert int(defines["CCSCOPE_COMM_LEN"]) == bt.COMM_LEN
+    assert int(defines["CCSCOPE_CGROUP_OTHER"]) == bt.CGROUP_OTHER
     enums = {k: int(v) for k, v in re.findall(r"^\s*(CCSCOPE_\w+) = (\d+),", header, re.M)}
     for prefix, enum in (("CCSCOPE_EV_", bt.Event), ("CCSCOPE_HIST_", bt.HistKind), ("CCSCOPE_CNT_", bt.Counter)):
         declared = {k.removeprefix(prefix): v for k, v in enums.items()

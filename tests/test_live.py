@@ -288,7 +288,7 @@ def _data_connection_port(link: Link, port: int) -> int:
 
 
 def test_scenario_page_shows_the_run_in_progress_over_finished_runs(tmp_path: Path) -> None:
-    """The issue's demo, shortened: wired-vs-wireless --quick with 4 s flows (6 runs) and no path check."""
+    """The issue's demo, shortened: wired-vs-wireless --quick with 4 s flows (8 runs) and no path check."""
     _live_prerequisites()
     out, port = tmp_path / "out", free_port()
     argv = _cli("scenario", "wired-vs-wireless", "--quick", "--duration", "4s", "--no-verify", "--listen",
@@ -299,7 +299,7 @@ def test_scenario_page_shows_the_run_in_progress_over_finished_runs(tmp_path: Pa
         assert wait_js(driver, "Number(document.body.dataset.scenarioRun) >= 1 "
                                "&& Number(document.body.dataset.scenarioProgress) > 0", timeout=30)
         label = driver.find_element("id", "sc-label").text
-        label_re = r"run \d/6: profile (wired|wireless), (reno|cubic|bbr), repetition 1( \(finished\))?"
+        label_re = r"run \d/8: profile (wired|wireless), (reno|cubic|bbr|vegas), repetition 1( \(finished\))?"
         assert re.fullmatch(label_re, label), label
         # a run in progress drawn over finished runs of its profile, its curve growing
         overlaid = "Number(document.body.dataset.currentOverlaid) >= 1 && Number(document.body.dataset.currentPoints)"

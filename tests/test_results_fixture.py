@@ -44,6 +44,10 @@ def test_load_reads_every_run_and_its_csvs() -> None:
     (lambda doc: doc.update(schema_version=99), f"schema_version 99, this ccscope reads {results.SCHEMA_VERSION}"),
     (lambda doc: doc["runs"][0].update(netns="x"),
      "does not match the results schema: $.runs[0].netns: expected integer, got str"),
+    (lambda doc: doc.update(implementations={"bpf_vegas": {"name": "bpf_vegas", "implementation": "module",
+                                                           "display": "vegas (BPF)"}}),
+     "does not match the results schema: $.implementations.bpf_vegas.implementation: 'module' is not one of "
+     "['kernel', 'bpf']"),
 ])
 def test_load_refuses_a_damaged_document_in_one_line(copy: Path, damage, words: str) -> None:
     doc = json.loads((copy / "results.json").read_text())
@@ -52,6 +56,16 @@ def test_load_refuses_a_damaged_document_in_one_line(copy: Path, damage, words: 
     with pytest.raises(UsageError) as info:
         results.load(copy)
     assert info.value.line() == f"{copy / 'results.json'}: {words}"
+
+
+def test_load_reads_which_implementation_ran(copy: Path) -> None:
+    doc = json.loads((copy / "results.json").read_text())
+    doc["implementations"] = {"bpf_vegas": {"name": "bpf_vegas", "implementation": "bpf", "display": "vegas (BPF)",
+                                            "sha256": "0" * 64, "object": "/x/vegas.bpf.o"},
+                              "cubic": {"name": "cubic", "implementation": "kernel", "display": "cubic",
+                                        "sha256": None, "object": None}}
+    (copy / "results.json").write_text(json.dumps(doc))
+    assert results.load(copy)["implementations"]["bpf_vegas"]["display"] == "vegas (BPF)"
 
 
 def test_load_refuses_what_is_not_json(copy: Path) -> None:

@@ -109,7 +109,7 @@ class Scenario:
                 self.run_ids.add(run.run_id)
         for ns in self.namespaces:
             for pid in state.namespace_pids(ns):
-                if (start := state._pid_start(pid)) is not None:
+                if (start := state.pid_start(pid)) is not None:
                     self.ns_procs.setdefault(pid, start)
 
     def sending(self) -> bool:

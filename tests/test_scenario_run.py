@@ -14,6 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from ccscope.cc.provide import kernel_algorithms
 from ccscope.emulation import state
 from ccscope.scenario import results
 from ccscope.scenario.recorder import CSV_HEADER
@@ -77,13 +78,17 @@ def test_wired_vs_wireless_quick(ccscope_cmd, tmp_path, host):
     stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 0, stderr
     assert "Traceback" not in stderr
-    assert "[6/6]" in stderr  # progress per run
+    assert "[8/8]" in stderr  # progress per run
     assert "goodput Mbit/s" in stdout and "wireless" in stdout  # the summary table
 
     doc = results.load(out)  # schema-checked
     assert doc["schema_version"] == results.SCHEMA_VERSION
-    assert len(doc["runs"]) == 6 and len(doc["run_order"]) == 6
-    assert {r["algorithms"] for r in doc["runs"]} == {"reno", "cubic", "bbr"}
+    assert len(doc["runs"]) == 8 and len(doc["run_order"]) == 8
+    assert {r["algorithms"] for r in doc["runs"]} == {"reno", "cubic", "bbr", "vegas"}
+    # vegas runs on every kernel: the module where there is one, else ccscope's BPF Vegas under the same name
+    vegas = doc["implementations"]["vegas"]
+    assert vegas["implementation"] == ("kernel" if "vegas" in kernel_algorithms() else "bpf")
+    assert vegas["display"] == ("vegas" if vegas["implementation"] == "kernel" else "vegas (BPF)")
     assert doc["environment"]["kernel"] and doc["environment"]["iperf3_version"].startswith("iperf 3")
     assert doc["environment"]["sysctls"]["net.ipv4.tcp_available_congestion_control"]
     for run in doc["runs"]:
@@ -110,11 +115,12 @@ def test_wired_vs_wireless_quick(ccscope_cmd, tmp_path, host):
         assert run["ping"]["received"] > 10
         assert run["link"]["up"]["packets"] > 100
     rows = {(r["profile"], r["algorithm"]): r for r in doc["summary"]}
-    assert set(rows) == {(p, a) for p in ("wired", "wireless") for a in ("reno", "cubic", "bbr")}
+    assert set(rows) == {(p, a) for p in ("wired", "wireless") for a in ("reno", "cubic", "bbr", "vegas")}
     # live endpoint: flows were labelled with their run while it ran
     assert labelled & {("wired", a) for a in ("reno", "cubic", "bbr")}
 
     html = (out / "report.html").read_text()
+    assert vegas["display"] in html  # tables and legends say which implementation ran
     for png in ("cwnd.png", "throughput.png", "rtt.png", "tradeoff.png", "loss.png"):
         path = out / "plots" / png
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000

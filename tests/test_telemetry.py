@@ -16,7 +16,22 @@ from collections.abc import Iterator
 
 import pytest
 from ccscope import bpf_types as bt
-from nethelpers import CCSCOPE, Daemon, Link, Sink, connect, daemon, held_prog_ids, parse_metrics, tcp_info, wait_port
+from ccscope.exporter import FlowCollector
+from ccscope.flows import FlowSelection, FlowTable
+from nethelpers import (
+    Daemon,
+    Link,
+    Sink,
+    cli,
+    connect,
+    daemon,
+    held_prog_ids,
+    parse_metrics,
+    tcp_info,
+    values,
+    wait_for,
+    wait_port,
+)
 from prereqs import require_bpf_object, require_root, require_tools
 
 SO_COOKIE = 57
@@ -61,14 +76,6 @@ def cookie_of(sock: socket.socket) -> int:
     return struct.unpack("Q", sock.getsockopt(socket.SOL_SOCKET, SO_COOKIE, 8))[0]
 
 
-def cli(*args: str) -> list[str]:
-    return [*CCSCOPE, *args]
-
-
-def values(samples, name: str, **labels: str) -> list[float]:
-    return [v for n, lab, v in samples if n == name and all(lab.get(k) == x for k, x in labels.items())]
-
-
 class Trickle:
     """Live connections that exchange a few bytes every 20 ms, so tcp_probe keeps seeing them."""
 
@@ -96,15 +103,6 @@ class Trickle:
         self._thread.join(timeout=2)
         for sock in self.socks:
             sock.close()
-
-
-def wait_for(predicate, timeout: float = 10.0, step: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if result or time.monotonic() > deadline:
-            return result
-        time.sleep(step)
 
 
 # --- a real bulk flow, cross-checked with iperf3 -J ----------------------------------------------------------------
@@ -560,3 +558,33 @@ def test_flows_once_table_shows_live_flow(two_live_flows) -> None:
     assert row[1] == str(link.inode_a)
     assert len(lines) == 3
 
+
+
+def test_closing_the_collector_waits_for_a_scrape_in_progress(probe) -> None:
+    """A scenario closes its probe while the endpoint may be mid-scrape (seen as `KeyError: 'flows'` from the
+    endpoint): close() must wait for that scrape, and later scrapes export nothing instead of reading a closed
+    probe. The scrape is held inside its map read by wrapping the table's real scan."""
+    table = FlowTable(probe, grace_s=1.0)
+    collector = FlowCollector(table, FlowSelection("all"))
+    inside, release = threading.Event(), threading.Event()
+    real_scan = table.scan
+
+    def held_scan():
+        inside.set()
+        release.wait(10)
+        return real_scan()
+
+    table.scan = held_scan
+    scraped: list = []
+    scrape = threading.Thread(target=lambda: scraped.extend(collector.collect()))
+    scrape.start()
+    assert inside.wait(10)
+    closer = threading.Thread(target=collector.close)
+    closer.start()
+    closer.join(0.3)
+    assert closer.is_alive(), "close() returned while a scrape was reading the probe"
+    release.set()
+    scrape.join(10)
+    closer.join(10)
+    assert {m.name for m in scraped} >= {"ccscope_tcp_flows", "ccscope_tracked_flows"}
+    assert list(collector.collect()) == []

@@ -243,18 +243,19 @@ def test_bytes_format(value: int, text: str) -> None:
 def test_format_flows_table() -> None:
     flow = decode(raw_flow(saddr="192.0.2.1", daddr="192.0.2.2"))
     lines = format_flows([flow]).splitlines()
-    assert lines[0].split() == [c.title for c in FLOW_COLUMNS]
+    assert lines[0].split() == [c.title for c in FLOW_COLUMNS] + ["COMM", "CGROUP/POD"]
     row = lines[1].split()
     assert row[0] == "192.0.2.1:40000->192.0.2.2:5201"
     assert row[2:8] == ["cubic", "open", "20", "14", "12.50ms", "10.00ms"]
-    assert row[-1] == "7"
+    assert row[-3:] == ["7", "-", "-"]  # retransmits; this record names no process, and no cgroup resolver
 
 
 def test_trace_line_json_and_text() -> None:
     raw = raw_flow(saddr="192.0.2.1", daddr="192.0.2.2", last_ns=5_000_000_000, event=3, closed_ns=9)
     data = json.loads(_trace_line(record_fields(raw), 1000.0, as_json=True))
+    unattributed = {"cgroup": "", "container": "", "pod": "", "namespace": "", "pod_uid": ""}  # no resolver
     assert {k: v for k, v in data.items() if k not in ("time", "event")} == \
-        {k: v for k, v in decode(raw).as_dict().items() if k != "event"}  # the same keys and values as as_dict()
+        {**{k: v for k, v in decode(raw).as_dict().items() if k != "event"}, **unattributed}  # as_dict()'s too
     assert data["time"] == pytest.approx(1005.0)
     assert data["event"] == "close"
     assert data["srtt_s"] == pytest.approx(0.0125)
@@ -282,14 +283,20 @@ def test_flow_columns_read_the_fields_of_every_record() -> None:
 
 
 def test_flow_columns_select_and_pick_as_the_records_do() -> None:
+    comms = (b"nginx", b"", b"kube-apiserver")  # the last is longer than 8 bytes: two-integer keys
     raws = [raw_flow(cookie=i, netns=1 + i % 4, sport=2000 + i, dport=443 if i % 5 == 0 else 80,
-                     bytes_acked=(i * 7919) % 1000, bytes_received=i, saddr=f"192.0.2.{i + 1}", daddr="198.51.100.1")
+                     bytes_acked=(i * 7919) % 1000, bytes_received=i, saddr=f"192.0.2.{i + 1}", daddr="198.51.100.1",
+                     comm=comms[i % 3], cgroup_id=100 + i % 6)
             for i in range(40)]
     columns, flows = _columns(raws), [decode(f) for f in raws]
     everything = list(range(len(raws)))
+    paths = {100: "/system.slice/nginx.service", 101: "/system.slice", 102: "/kubepods.slice/pod1", 103: "/"}
     for kwargs in ({}, {"netns": ["2"]}, {"ports": ["443"]}, {"ports": ["2003"], "netns": ["4"]},
-                   {"cidrs": ["192.0.2.0/28"]}):
+                   {"cidrs": ["192.0.2.0/28"]}, {"comms": ["nginx"]}, {"comms": ["kube-apiserver", "x"]},
+                   {"cgroups": ["/system.slice"]}, {"cgroups": ["/kubepods.slice/pod1", "/system"], "netns": ["3"]},
+                   {"comms": ["nginx"], "cgroups": ["/system.slice/nginx.service"]}):
         chosen = FlowFilter.parse(**kwargs)
+        chosen.cgroup_path = paths.get
         assert [flows[i] for i in chosen.select(columns, everything)] == [f for f in flows if chosen.matches(f)]
     for text in ("top:5", "top:100", "all", "none"):
         selection = FlowSelection.parse(text)

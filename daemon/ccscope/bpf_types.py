@@ -9,6 +9,8 @@ from collections import namedtuple
 
 CA_NAME_LEN = 16
 HIST_SLOTS = 32
+COMM_LEN = 16
+CGROUP_OTHER = 0
 
 u8, u16, u32, u64 = ctypes.c_uint8, ctypes.c_uint16, ctypes.c_uint32, ctypes.c_uint64
 
@@ -76,7 +78,19 @@ class Flow(ctypes.Structure):
         ("rate_interval_us", u32),
         ("retransmit_events", u32),
         ("ca_name", ctypes.c_char * CA_NAME_LEN),
+        ("cgroup_id", u64),
+        ("tgid", u32),
+        ("cgroup_slot", u32),
+        ("comm", ctypes.c_char * COMM_LEN),
     ]
+
+
+class Owner(ctypes.Structure):
+    _fields_ = [("tgid", u32), ("__pad0", u32), ("comm", ctypes.c_char * COMM_LEN)]
+
+
+class ListenerKey(ctypes.Structure):
+    _fields_ = [("netns", u32), ("port", u16), ("__pad0", u16)]
 
 
 class CcKey(ctypes.Structure):
@@ -95,8 +109,12 @@ class Hist(ctypes.Structure):
     _fields_ = [("slots", u64 * HIST_SLOTS), ("sum_us", u64)]
 
 
+class CgroupStats(ctypes.Structure):
+    _fields_ = [("flows", u64), ("retransmits", u64), ("queue_delay", Hist)]
+
+
 class Config(ctypes.Structure):
-    _fields_ = [("sample_interval_ns", u64), ("emit_samples", u32), ("__pad0", u32)]
+    _fields_ = [("sample_interval_ns", u64), ("emit_samples", u32), ("cgroup_stats", u32)]
 
 
 def _struct_format(cls: type[ctypes.Structure]) -> str:
@@ -135,8 +153,14 @@ MAP_LAYOUTS: dict[str, tuple[type, type]] = {
     "hists": (HistKey, Hist),
     "counters": (u32, u64),
     "config": (u32, Config),
+    "cgroup_stats": (u32, CgroupStats),  # per-CPU array of slots
+    "cgroup_slots": (u64, u32),          # cgroup id -> slot
+    "owners": (u64, Owner),
+    "listeners": (ListenerKey, Owner),
 }
-KERNEL_ONLY_MAPS = ("gates", "samples", "first_seen")  # not read here (samples: a ring of Flow records)
+# Not read by key here: samples is a ring buffer of Flow records, first_seen socket-local storage, free_slots
+# a queue of cgroup_stats slots.
+KERNEL_ONLY_MAPS = ("gates", "samples", "first_seen", "free_slots")
 
 # Name in ccscope.h -> ctypes mirror, for the layout test.
 SHARED_STRUCTS: dict[str, type[ctypes.Structure]] = {
@@ -145,5 +169,8 @@ SHARED_STRUCTS: dict[str, type[ctypes.Structure]] = {
     "cc_stats": CcStats,
     "hist_key": HistKey,
     "hist": Hist,
+    "owner": Owner,
+    "listener_key": ListenerKey,
+    "cgroup_stats": CgroupStats,
     "config": Config,
 }

@@ -19,11 +19,13 @@ import orjson
 from prometheus_client import CollectorRegistry
 
 from . import __version__, check
+from .attribution import UNATTRIBUTED, Attribution, Attributor, LabelOptions
 from .bpf_types import EVENT_NAMES, Counter
-from .errors import CcscopeError, UsageError
+from .errors import CcscopeError, PrerequisiteError, UsageError
 from .exporter import FlowCollector
 from .flows import (
     FLOW_COLUMNS,
+    Column,
     FlowFilter,
     FlowRecord,
     FlowSelection,
@@ -88,10 +90,34 @@ def _add_filters(parser: argparse.ArgumentParser) -> None:
                         help="only flows with this local or remote port")
     parser.add_argument("--cidr", action="append", default=[], metavar="CIDR",
                         help="only flows with an address in this network")
+    parser.add_argument("--comm", action="append", default=[], metavar="NAME",
+                        help="only flows of processes with this name (at connect, or at listen if accepted)")
+    parser.add_argument("--cgroup", action="append", default=[], metavar="PREFIX",
+                        help="only flows of sockets in this cgroup or below (path as in /proc/PID/cgroup)")
+    parser.add_argument("--cgroup-root", metavar="DIR",
+                        help="cgroup v2 mount to resolve cgroup ids in (default: from /proc/mounts)")
+    parser.add_argument("--pod-logs", metavar="DIR",
+                        help="kubelet pod log directory, for pod names and namespaces (default /var/log/pods)")
 
 
-def _filter(args: argparse.Namespace) -> FlowFilter:
-    return FlowFilter.parse(args.netns, args.port, args.cidr)
+def _filter(args: argparse.Namespace, attributor: Attributor | None = None) -> FlowFilter:
+    flow_filter = FlowFilter.parse(args.netns, args.port, args.cidr, args.comm, args.cgroup)
+    if flow_filter.cgroups:
+        if attributor is None:
+            raise PrerequisiteError("--cgroup needs the cgroup v2 hierarchy, and none is mounted",
+                                    "mount cgroup2, or point --cgroup-root at it")
+        flow_filter.cgroup_path = attributor.resolver.path
+    return flow_filter
+
+
+def _attributor(args: argparse.Namespace, required: bool, cgroup_depth: int = 0) -> Attributor | None:
+    """cgroup/container/pod attribution; best effort (None) for display unless labels or filters need it."""
+    try:
+        return Attributor.open(args.cgroup_root, args.pod_logs, cgroup_depth)
+    except PrerequisiteError:
+        if required or args.cgroup:
+            raise
+        return None
 
 
 def _probe_options(args: argparse.Namespace, emit_samples: bool) -> ProbeOptions:
@@ -138,16 +164,23 @@ def _endpoint_security(args: argparse.Namespace) -> tuple[ssl.SSLContext | None,
 def cmd_daemon(args: argparse.Namespace) -> int:
     host, port = parse_listen(args.listen)
     selection = FlowSelection.parse(args.flows)
-    flow_filter = _filter(args)
     grace = parse_duration(args.grace, "--grace", 0.0, 3600.0)
     if not 1 <= args.max_connections <= 10_000:
         raise UsageError(f"--max-connections {args.max_connections} is out of range 1..10000")
     tls, auth, headers = _endpoint_security(args)
+    labels = LabelOptions.parse(args.labels, args.cgroup_depth)
+    if not 1 <= args.max_cgroups <= 100_000:
+        raise UsageError(f"--max-cgroups {args.max_cgroups} is out of range 1..100000")
+    attributor = _attributor(args, labels.needs_cgroups, labels.cgroup_depth) \
+        if labels.needs_cgroups or args.cgroup else None
+    flow_filter = _filter(args, attributor)
     options = _probe_options(args, emit_samples=False)
+    options.cgroup_stats, options.max_cgroups = labels.needs_cgroups, args.max_cgroups
     stop = _stop_event()
     with TelemetryProbe(options) as probe:
         table = FlowTable(probe, grace_s=grace)
-        collector = FlowCollector(table, selection, flow_filter)
+        collector = FlowCollector(table, selection, flow_filter, labels,
+                                  attributor if labels.needs_cgroups else None)
         registry = CollectorRegistry()
         registry.register(collector)
         live = _live_page(probe, flow_filter, options.sample_interval_ns) if not args.no_live else None
@@ -174,10 +207,11 @@ def cmd_daemon(args: argparse.Namespace) -> int:
             # would delay the exit on SIGTERM by up to its whole length.
             while not stop.wait(0.2):
                 if time.monotonic() >= next_expiry:
-                    table.scan()  # expires closed flows even when nobody scrapes
+                    collector.maintain()  # expires closed flows and deleted cgroups even when nobody scrapes
                     next_expiry = time.monotonic() + expire_every
         finally:
-            server.close()
+            server.close()  # stops accepting; a scrape already running may still be reading the probe
+            collector.close()
             _close_live(live)
     print("ccscope: detached", file=sys.stderr)
     return 0
@@ -204,17 +238,49 @@ def _close_live(live) -> None:
 # --- flows -----------------------------------------------------------------------------------------
 
 
-def format_flows(flows: list[FlowRecord]) -> str:
-    header = "  ".join(f"{c.title:{c.spec}}" for c in FLOW_COLUMNS)
-    rows = ["  ".join(f"{c.text(f):{c.spec}}" for c in FLOW_COLUMNS) for f in flows]
+def _fit(text: str, width: int) -> str:
+    """Long cgroup paths keep their informative end."""
+    return text if len(text) <= width else "…" + text[-(width - 1):]
+
+
+def _workload(attribution: Attribution) -> str:
+    if attribution.pod:
+        return _fit(f"{attribution.namespace}/{attribution.pod}", 36)
+    return _fit(attribution.cgroup, 36) if attribution.cgroup else "-"
+
+
+def attribution_columns(attributor: Attributor | None) -> tuple[Column, ...]:
+    """The columns `ccscope flows` adds to FLOW_COLUMNS: the process, and the pod or else the cgroup (these
+    need the cgroup resolver, which the live page's table does without)."""
+
+    def workload(flow: FlowRecord) -> str:
+        return _workload(attributor(flow.cgroup_id)) if attributor else "-"
+
+    return (Column("COMM", "<15", lambda f: f.comm or "-", lambda f: f.comm),
+            Column("CGROUP/POD", "<36", workload, workload))
+
+
+def format_flows(flows: list[FlowRecord], attributor: Attributor | None = None) -> str:
+    columns = (*FLOW_COLUMNS, *attribution_columns(attributor))
+    header = "  ".join(f"{c.title:{c.spec}}" for c in columns).rstrip()
+    rows = ["  ".join(f"{c.text(f):{c.spec}}" for c in columns).rstrip() for f in flows]
     return "\n".join([header, *rows])
+
+
+def _attributed(data: dict, attributor: Attributor | None) -> dict:
+    """A flow's as_dict() keys plus the cgroup path, container and pod (empty where unknown)."""
+    found = attributor(data["cgroup_id"]) if attributor else UNATTRIBUTED
+    data.update(cgroup=found.cgroup, container=found.container, pod=found.pod, namespace=found.namespace,
+                pod_uid=found.pod_uid)
+    return data
 
 
 def cmd_flows(args: argparse.Namespace) -> int:
     interval = parse_duration(args.interval, "--interval", 0.1, 3600.0)
     if not 1 <= args.limit <= MAX_LIMIT:
         raise UsageError(f"--limit {args.limit} is out of range 1..{MAX_LIMIT}")
-    flow_filter = _filter(args)
+    attributor = _attributor(args, required=False)
+    flow_filter = _filter(args, attributor)
     stop = _stop_event()
     live = sys.stdout.isatty() and not args.once
     with TelemetryProbe(_probe_options(args, emit_samples=False)) as probe:
@@ -225,13 +291,15 @@ def cmd_flows(args: argparse.Namespace) -> int:
             flows = [f for f in table.snapshot() if flow_filter.matches(f) and not f.closed_ns]
             flows.sort(key=SORT_KEYS[args.sort], reverse=True)
             shown = flows[: args.limit]
+            if attributor:
+                attributor.refresh()
             if args.json:
-                print(json.dumps([f.as_dict() for f in shown]), flush=True)
+                print(json.dumps([_attributed(f.as_dict(), attributor) for f in shown]), flush=True)
             else:
                 if live:
                     print("\033[H\033[2J", end="")
                 print(f"{len(flows)} flows, sorted by {args.sort} "
-                      f"({time.strftime('%H:%M:%S')})\n{format_flows(shown)}", flush=True)
+                      f"({time.strftime('%H:%M:%S')})\n{format_flows(shown, attributor)}", flush=True)
             if args.once or stop.wait(interval):
                 return 0
 
@@ -239,13 +307,13 @@ def cmd_flows(args: argparse.Namespace) -> int:
 # --- trace -----------------------------------------------------------------------------------------
 
 
-def _trace_line(fields: dict, wall_offset: float, as_json: bool) -> bytes:
-    """One sample (flows.record_fields()) as a JSON line with as_dict()'s keys, the time and the event's name; or
-    as text. JSON goes from the fields to orjson without a FlowRecord in between: this runs per sample, and
-    orjson takes ~1 us where json.dumps took ~8 of the ~20 us a sample used to cost."""
+def _trace_line(fields: dict, wall_offset: float, as_json: bool, attributor: Attributor | None = None) -> bytes:
+    """One sample (flows.record_fields()) as a JSON line with as_dict()'s keys, the attribution, the time and the
+    event's name; or as text. JSON goes from the fields to orjson without a FlowRecord in between: this runs per
+    sample, and orjson takes ~1 us where json.dumps took ~8 of the ~20 us a sample used to cost."""
     wall = fields["last_ns"] / 1e9 + wall_offset
     if as_json:
-        data = with_derived(fields)
+        data = _attributed(with_derived(fields), attributor)
         data["time"] = round(wall, 6)
         data["event"] = EVENT_NAMES.get(data["event"], str(data["event"]))
         return orjson.dumps(data)
@@ -259,7 +327,8 @@ def cmd_trace(args: argparse.Namespace) -> int:
     duration = parse_duration(args.duration, "--duration", 0.0, 30 * 86400) if args.duration else None
     if args.count is not None and args.count < 1:
         raise UsageError("--count must be at least 1")
-    flow_filter = _filter(args)
+    attributor = _attributor(args, required=False)
+    flow_filter = _filter(args, attributor)
     stop = _stop_event()
     wall_offset = time.time() - monotonic_ns() / 1e9
     emitted = 0
@@ -273,9 +342,9 @@ def cmd_trace(args: argparse.Namespace) -> int:
             if not flow_filter.matches_ids(raw):  # netns and ports, before paying for a decode
                 continue
             fields = record_fields(raw)
-            if flow_filter.cidrs and not flow_filter.matches(FlowRecord(**fields)):
+            if flow_filter.beyond_ids and not flow_filter.matches(FlowRecord(**fields)):
                 continue
-            pending.append(_trace_line(fields, wall_offset, args.json))
+            pending.append(_trace_line(fields, wall_offset, args.json, attributor))
             emitted += 1
             if args.count is not None and emitted >= args.count:
                 stop.set()
@@ -287,6 +356,8 @@ def cmd_trace(args: argparse.Namespace) -> int:
         try:
             while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
                 ring.poll(100)
+                if attributor:
+                    attributor.refresh()
                 if pending and not _write_lines(pending):
                     break
                 pending.clear()
@@ -355,6 +426,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"open client connections served at once (default {Limits.max_connections})")
     daemon.add_argument("--no-live", action="store_true",
                         help="serve /metrics only, without the live page at /")
+    daemon.add_argument("--labels", metavar="LIST",
+                        help="attribution labels on per-flow series, any of comm,cgroup,container,pod "
+                             "(default none); cgroup, container and pod also add host aggregates by cgroup")
+    daemon.add_argument("--cgroup-depth", type=int, default=0, metavar="N",
+                        help="keep the first N components of cgroup paths in the cgroup label (default 0: all)")
+    daemon.add_argument("--max-cgroups", type=int, default=ProbeOptions.max_cgroups, metavar="N",
+                        help="cgroups with their own host aggregates; the rest are counted as \"other\" "
+                             f"(default {ProbeOptions.max_cgroups})")
     _add_probe_flags(daemon)
     _add_filters(daemon)
     daemon.set_defaults(func=cmd_daemon)
@@ -380,9 +459,11 @@ def build_parser() -> argparse.ArgumentParser:
     checker = sub.add_parser("check", help="can this kernel run ccscope? what is missing, and the fix")
     checker.set_defaults(func=cmd_check)
 
+    from .cc.cli import register as register_cc
     from .scenario.cli import register as register_scenario
 
     register_scenario(sub)
+    register_cc(sub)
     return parser
 
 

@@ -13,7 +13,7 @@ import platform
 import threading
 import time
 from collections import Counter as Tally
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector
 
 from . import __version__
 from . import bpf_types as bt
+from .attribution import OTHER, UNATTRIBUTED, Attributor, LabelOptions
 from .flows import CA_STATES, FlowFilter, FlowRecord, FlowSelection, FlowTable, decode
 from .flowscan import FlowColumns
 
@@ -79,17 +80,39 @@ def histogram_buckets(hist: bt.Hist) -> list[tuple[str, float]]:
     return buckets
 
 
+# By-cgroup histograms keep the bounds 1.024 ms .. 4.19 s (log2 slots 9..21) and +Inf: 14 buckets instead of
+# 32 per cgroup, over the range where queueing delay matters. The bounds are a subset of the host
+# histogram's, so both aggregate alike.
+GROUP_HIST_SLOTS = range(9, 22)
+
+
+def group_histogram_buckets(slots: list[int]) -> list[tuple[str, float]]:
+    """Kernel log2 slots -> the cumulative buckets of GROUP_HIST_SLOTS (first bucket: everything below)."""
+    buckets = []
+    for i in GROUP_HIST_SLOTS:
+        buckets.append((repr(2 ** (i + 1) / 1e6), sum(slots[: i + 1])))
+    buckets.append(("+Inf", sum(slots)))
+    return buckets
+
+
 class FlowCollector(Collector):
     """Collect-on-scrape view of the kernel maps."""
 
-    def __init__(self, table: FlowTable, selection: FlowSelection, flow_filter: FlowFilter | None = None) -> None:
+    def __init__(self, table: FlowTable, selection: FlowSelection, flow_filter: FlowFilter | None = None,
+                 labels: LabelOptions | None = None, attributor: Attributor | None = None) -> None:
         self.table = table
         self.selection = selection
         self.filter = flow_filter or FlowFilter()
+        self.labels = labels or LabelOptions()
+        self.attributor = attributor  # set when labels need cgroups
+        self.flow_label_names = FLOW_LABELS + self.labels.flow_labels
         self._netns_labels: dict[int, dict[str, str]] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # scenario labels, and the attributor (scrape thread and maintain())
         self.last_scrape_s = 0.0
         self.exported_flows = 0
+        # A scrape reads the probe's maps; close() waits for it, so the probe never closes under a scrape.
+        self._collecting = threading.Lock()
+        self._closed = False
 
     def set_netns_labels(self, labels: dict[int, dict[str, str]]) -> None:
         """Scenario runs label the flows of their namespaces (scenario, profile, algorithm, run)."""
@@ -99,28 +122,50 @@ class FlowCollector(Collector):
     def describe(self) -> Iterator[Metric]:
         return iter(())  # unchecked collector: the metric set is only known at scrape time
 
+    def close(self) -> None:
+        """Waits for a scrape in progress; later scrapes export nothing. Call before the probe closes: an
+        endpoint may still scrape the collector after it is unregistered (the scrape began before)."""
+        with self._collecting:
+            self._closed = True
+
     def collect(self) -> Iterator[Metric]:
+        with self._collecting:
+            metrics = [] if self._closed else list(self._collect())
+        yield from metrics
+
+    def _collect(self) -> Iterator[Metric]:
         started = time.perf_counter()
         columns, shown = self.table.scan()
+        if self.attributor:
+            with self._lock:
+                self.attributor.refresh()  # before the --cgroup filter and the labels read paths
         chosen = self.selection.pick_indexes(columns, self.filter.select(columns, shown))
         selected = [decode(columns.record(i)) for i in chosen]
         self.exported_flows = len(selected)
         yield from self._flow_metrics(selected)
         yield from self._host_metrics(columns)
+        if self.attributor:
+            with self._lock:
+                cgroup_metrics = list(self._cgroup_metrics(columns, shown))
+            yield from cgroup_metrics
         yield from self._health_metrics()
         self.last_scrape_s = time.perf_counter() - started
         yield from self._scrape_metric()
 
     def _flow_labels(self, flow: FlowRecord) -> list[str]:
         extra = self._netns_labels.get(flow.netns, {})
-        return [str(flow.netns), flow.name, flow.src, str(flow.sport), flow.dst, str(flow.dport), flow.cc,
-                *(extra.get(k, "") for k in SCENARIO_LABELS)]
+        values = [str(flow.netns), flow.name, flow.src, str(flow.sport), flow.dst, str(flow.dport), flow.cc,
+                  *(extra.get(k, "") for k in SCENARIO_LABELS)]
+        if self.labels.enabled:
+            attribution = self.attributor(flow.cgroup_id) if self.attributor else UNATTRIBUTED
+            values.extend(self.labels.values(attribution, flow.comm))
+        return values
 
     def _flow_metrics(self, flows: list[FlowRecord]) -> Iterator[Metric]:
         with self._lock:
             labels = [self._flow_labels(f) for f in flows]
         for name, help_text, kind, getter in FLOW_METRICS:
-            family = _family(name, help_text, kind, FLOW_LABELS)
+            family = _family(name, help_text, kind, self.flow_label_names)
             for flow, values in zip(flows, labels, strict=True):
                 value = getter(flow)
                 if value is not None:
@@ -161,6 +206,73 @@ class FlowCollector(Collector):
                     family.add_metric([cc], histogram_buckets(hist), sum_value=hist.sum_us / 1e6)
             yield family
 
+    def maintain(self) -> None:
+        """Between scrapes: expire closed flows, and follow cgroup deletions so they expire on time."""
+        columns, shown = self.table.scan()
+        if self.attributor:
+            with self._lock:
+                self.attributor.refresh()
+                self._expire_cgroups(_cgroups_in_use(columns, shown), self.table.probe.cgroup_stats())
+
+    def _expire_cgroups(self, in_use: set[int], stats: dict[int, bt.CgroupStats]) -> None:
+        """Deleted cgroups no flow refers to any more leave the kernel map after --grace: their series vanish
+        as closed flows' do, and their slots go to new cgroups."""
+        for cgroup_id in self.attributor.expired(self.table.grace_ns / 1e9, in_use):
+            if cgroup_id in stats and cgroup_id != bt.CGROUP_OTHER:
+                self.table.probe.delete_cgroup(cgroup_id)
+                del stats[cgroup_id]
+
+    def _group(self, stats: dict[int, bt.CgroupStats], columns: FlowColumns) -> tuple[dict, Tally]:
+        """Kernel entries and open flows merged by their group's label values (cgroups that share a truncated
+        path, or a pod, fall together): {key: [flows, retransmits, slots, sum_us]}, {key: open flows}."""
+        other = (OTHER,) * len(self.labels.group_labels)  # no path, pod UID or container ID reads "other"
+        keys: dict[int, tuple[str, ...]] = {}  # once per cgroup id: 10k flows share a few hundred cgroups
+
+        def group(cgroup_id: int) -> tuple[str, ...]:
+            key = keys.get(cgroup_id)
+            if key is None:
+                found = self.attributor(cgroup_id) if cgroup_id != bt.CGROUP_OTHER and cgroup_id in stats else None
+                key = keys[cgroup_id] = self.labels.group_values(found) if found and found.cgroup else other
+            return key
+
+        merged: dict[tuple[str, ...], list] = {}
+        for cgroup_id, value in stats.items():
+            entry = merged.setdefault(group(cgroup_id), [0, 0, [0] * bt.HIST_SLOTS, 0])
+            entry[0] += value.flows
+            entry[1] += value.retransmits
+            entry[2] = [a + b for a, b in zip(entry[2], value.queue_delay.slots, strict=True)]
+            entry[3] += value.queue_delay.sum_us
+        open_flows: Tally[tuple[str, ...]] = Tally()
+        is_open = map(operator.not_, columns.column("closed_ns"))
+        for cgroup_id, count in Tally(itertools.compress(columns.column("cgroup_id"), is_open)).items():
+            open_flows[group(cgroup_id)] += count
+        return merged, open_flows
+
+    def _cgroup_metrics(self, columns: FlowColumns, shown: Sequence[int]) -> Iterator[Metric]:
+        """Host aggregates by cgroup, kernel-side bounded by --max-cgroups (the rest in cgroup="other")."""
+        stats = self.table.probe.cgroup_stats()
+        self._expire_cgroups(_cgroups_in_use(columns, shown), stats)
+        names = self.labels.group_labels
+        merged, open_flows = self._group(stats, columns)
+        current = GaugeMetricFamily("ccscope_cgroup_flows", "Tracked open TCP flows by cgroup.", labels=names)
+        started = CounterMetricFamily("ccscope_cgroup_flows_started", "TCP flows first seen, by cgroup.",
+                                      labels=names)
+        retrans = CounterMetricFamily("ccscope_cgroup_retransmits", "Retransmitted segments, by cgroup.",
+                                      labels=names)
+        delay = HistogramMetricFamily("ccscope_cgroup_queueing_delay_seconds",
+                                      "srtt - min_rtt of the cgroup's flows, observed once per sample interval "
+                                      "per flow.", labels=names)
+        for key in sorted(set(merged) | set(open_flows)):
+            flows_started, retransmits, slots, sum_us = merged.get(key, (0, 0, [0] * bt.HIST_SLOTS, 0))
+            current.add_metric(list(key), open_flows.get(key, 0))
+            started.add_metric(list(key), flows_started)
+            retrans.add_metric(list(key), retransmits)
+            delay.add_metric(list(key), group_histogram_buckets(slots), sum_value=sum_us / 1e6)
+        yield from (current, started, retrans, delay)
+        yield CounterMetricFamily("ccscope_cgroup_scans", "Walks of the cgroup hierarchy (start, misses, "
+                                  "inotify overflows); creations and deletions otherwise arrive by inotify.",
+                                  value=self.attributor.resolver.scans)
+
     def _health_metrics(self) -> Iterator[Metric]:
         counters = self.table.probe.counters()
         stats = self.table.stats
@@ -192,3 +304,9 @@ class FlowCollector(Collector):
     def _scrape_metric(self) -> Iterator[Metric]:
         yield GaugeMetricFamily("ccscope_scrape_duration_seconds",
                                 "Time spent reading the kernel maps for this scrape.", value=self.last_scrape_s)
+
+
+def _cgroups_in_use(columns: FlowColumns, shown: Sequence[int]) -> set[int]:
+    """The cgroup ids of the flows the table still holds (open, or closed within --grace)."""
+    ids = columns.column("cgroup_id")
+    return set(ids) if isinstance(shown, range) else set(map(ids.__getitem__, shown))

@@ -67,6 +67,9 @@ class FlowRecord:
     last_ns: int
     closed_ns: int
     event: int = 0
+    tgid: int = 0       # process that connected, or listened for an accepted flow; 0 if unknown
+    comm: str = ""      # its name then
+    cgroup_id: int = 0  # cgroup v2 id of the socket; 0 if unknown
 
     @property
     def bytes_total(self) -> int:
@@ -137,7 +140,7 @@ def record_fields(flow: bt.Flow | bt.FlowTuple) -> dict:
     (cookie, first_ns, last_ns, closed_ns, bytes_acked, bytes_sent, bytes_received, pacing_rate, netns, family,
      sport, dport, ca_state, sk_state, event, _pad0, saddr, daddr, snd_cwnd, snd_ssthresh, srtt_us, rttvar_us,
      min_rtt_us, mss_cache, packets_out, retrans_out, lost_out, sacked_out, total_retrans, lost, _delivered,
-     rate_delivered, rate_interval_us, _retransmit_events, ca_name, *_) = flow
+     rate_delivered, rate_interval_us, _retransmit_events, ca_name, cgroup_id, tgid, _cgroup_slot, comm, *_) = flow
     family = socket.AF_INET6 if family == socket.AF_INET6 else socket.AF_INET
     delivery = 0.0
     if rate_delivered and rate_interval_us:
@@ -152,7 +155,7 @@ def record_fields(flow: bt.Flow | bt.FlowTuple) -> dict:
         "sport": sport,
         "dst": _address(family, daddr),
         "dport": dport,
-        "cc": _cc_name(ca_name),
+        "cc": _text(ca_name) or "unknown",
         "ca_state": CA_STATES[ca_state] if ca_state < len(CA_STATES) else str(ca_state),
         "state": TCP_STATES.get(sk_state) or str(sk_state),
         "cwnd_segments": snd_cwnd,
@@ -173,12 +176,16 @@ def record_fields(flow: bt.Flow | bt.FlowTuple) -> dict:
         "last_ns": last_ns,
         "closed_ns": closed_ns,
         "event": event,
+        "tgid": tgid,
+        "comm": _text(comm),
+        "cgroup_id": cgroup_id,
     }
 
 
-@functools.lru_cache(maxsize=256)
-def _cc_name(raw: bytes) -> str:
-    return raw.split(b"\0", 1)[0].decode(errors="replace") or "unknown"
+@functools.lru_cache(maxsize=4096)
+def _text(raw: bytes) -> str:
+    """A NUL-padded kernel string (ca_name, comm): a few distinct values, decoded once each."""
+    return raw.split(b"\0", 1)[0].decode(errors="replace")
 
 
 @dataclass
@@ -188,14 +195,26 @@ class FlowFilter:
     netns: set[int] = field(default_factory=set)
     ports: set[int] = field(default_factory=set)
     cidrs: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = field(default_factory=list)
+    comms: set[str] = field(default_factory=set)
+    cgroups: list[str] = field(default_factory=list)  # path prefixes, matched on whole components
+    cgroup_path: Callable[[int], str | None] | None = None  # cgroup id -> path; needed with `cgroups`
 
     def matches(self, flow: FlowRecord) -> bool:
         if not self.matches_ids(flow):
+            return False
+        if self.comms and flow.comm not in self.comms:
+            return False
+        if self.cgroups and not self._in_cgroups(flow.cgroup_id):
             return False
         if self.cidrs:
             addrs = (ipaddress.ip_address(flow.src), ipaddress.ip_address(flow.dst))
             return any(a.version == n.version and a in n for a in addrs for n in self.cidrs)
         return True
+
+    @property
+    def beyond_ids(self) -> bool:
+        """Whether matches() asks more than matches_ids() does (then a raw record must be decoded to decide)."""
+        return bool(self.cidrs or self.comms or self.cgroups)
 
     def matches_ids(self, flow: FlowRecord | bt.FlowTuple) -> bool:
         """The netns and port conditions alone: they hold for a raw record as for its decoded FlowRecord."""
@@ -211,16 +230,31 @@ class FlowFilter:
         if self.ports:
             sport, dport = columns.column("sport"), columns.column("dport")
             indexes = [i for i in indexes if sport[i] in self.ports or dport[i] in self.ports]
+        if self.comms:
+            comms = columns.text_keys("comm")
+            wanted = {key for key in set(comms) if columns.text(key) in self.comms}  # per distinct name
+            indexes = [i for i in indexes if comms[i] in wanted]
+        if self.cgroups:
+            cgroups = columns.column("cgroup_id")
+            inside = set(filter(self._in_cgroups, set(cgroups)))  # a path lookup per distinct cgroup, not per flow
+            indexes = [i for i in indexes if cgroups[i] in inside]
         if self.cidrs:
             indexes = [i for i in indexes if self.matches(decode(columns.record(i)))]
         return indexes
 
+    def _in_cgroups(self, cgroup_id: int) -> bool:
+        path = self.cgroup_path(cgroup_id) if self.cgroup_path and cgroup_id else None
+        return path is not None and any(path == p or path.startswith(p.rstrip("/") + "/") for p in self.cgroups)
+
     @classmethod
-    def parse(cls, netns: Iterable[str] = (), ports: Iterable[str] = (), cidrs: Iterable[str] = ()) -> FlowFilter:
+    def parse(cls, netns: Iterable[str] = (), ports: Iterable[str] = (), cidrs: Iterable[str] = (),
+              comms: Iterable[str] = (), cgroups: Iterable[str] = ()) -> FlowFilter:
         return cls(
             netns={_parse_int("--netns", v, 1, 2**32 - 1) for v in netns},
             ports={_parse_int("--port", v, 1, 65535) for v in ports},
             cidrs=[_parse_cidr(v) for v in cidrs],
+            comms={_parse_comm(v) for v in comms},
+            cgroups=[_parse_cgroup(v) for v in cgroups],
         )
 
 
@@ -232,6 +266,18 @@ def _parse_int(flag: str, value: str, low: int, high: int) -> int:
     if not low <= number <= high:
         raise UsageError(f"{flag} {value} is out of range {low}..{high}")
     return number
+
+
+def _parse_comm(value: str) -> str:
+    if not value or len(value.encode()) > bt.COMM_LEN - 1:
+        raise UsageError(f"--comm {value!r} is not a process name (1..{bt.COMM_LEN - 1} bytes, as in ps -o comm)")
+    return value
+
+
+def _parse_cgroup(value: str) -> str:
+    if not value.startswith("/"):
+        raise UsageError(f"--cgroup {value!r} is not a cgroup path like /system.slice or /kubepods.slice")
+    return value
 
 
 def _parse_cidr(value: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:

@@ -15,8 +15,9 @@ from . import bpf_types as bt
 
 RECORD_BYTES = ctypes.sizeof(bt.Flow)
 _FORMATS = {1: "B", 2: "H", 4: "I", 8: "Q"}
-_CA_NAME = bt.Flow.ca_name.offset
-assert RECORD_BYTES % 8 == 0 and _CA_NAME % 8 == 0 and bt.CA_NAME_LEN == 16, "struct flow layout changed"
+_TEXT_FIELDS = {"ca_name": bt.Flow.ca_name.offset, "comm": bt.Flow.comm.offset}  # 16 bytes each, 8-aligned
+assert RECORD_BYTES % 8 == 0 and all(offset % 8 == 0 for offset in _TEXT_FIELDS.values()) \
+    and bt.CA_NAME_LEN == bt.COMM_LEN == 16, "struct flow layout changed"
 
 
 class FlowColumns:
@@ -40,15 +41,26 @@ class FlowColumns:
         return self._columns[name]
 
     def ca_names(self) -> list[int] | list[tuple[int, int]]:
-        """ca_name of every flow as a hashable key, cheaper than bytes: its first 8 bytes as an integer while
-        no name is longer (the usual case), else a pair of integers. name() decodes a key."""
-        head, tail = self._strided(_CA_NAME, 8), self._strided(_CA_NAME + 8, 8)
+        """ca_name of every flow as a hashable key; name() decodes a key."""
+        return self.text_keys("ca_name")
+
+    def text_keys(self, name: str) -> list[int] | list[tuple[int, int]]:
+        """A 16-byte text field (ca_name, comm) of every flow as a hashable key, cheaper than bytes: its first 8
+        bytes as an integer while no value is longer (the usual case), else a pair of integers. text() decodes
+        a key."""
+        offset = _TEXT_FIELDS[name]
+        head, tail = self._strided(offset, 8), self._strided(offset + 8, 8)
         return head if tail.count(0) == len(tail) else list(zip(head, tail, strict=True))
 
     @staticmethod
-    def name(key: int | tuple[int, int]) -> str:
+    def text(key: int | tuple[int, int]) -> str:
         raw = struct.pack("=QQ", *key) if isinstance(key, tuple) else struct.pack("=Q", key)
-        return raw.split(b"\0", 1)[0].decode(errors="replace") or "unknown"
+        return raw.split(b"\0", 1)[0].decode(errors="replace")
+
+    @staticmethod
+    def name(key: int | tuple[int, int]) -> str:
+        """An algorithm's name from its ca_names() key."""
+        return FlowColumns.text(key) or "unknown"
 
     def record(self, index: int) -> bt.FlowTuple:
         return bt.FlowTuple._make(bt.FLOW_STRUCT.unpack_from(self.data, index * RECORD_BYTES))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import array
 import ctypes
 import errno
 import os
@@ -16,6 +17,7 @@ from .flowscan import RECORD_BYTES, FlowColumns
 from .libbpf import Libbpf, RingBuffer
 
 PROGRAMS = ("tcp_probe", "tcp_retransmit_skb", "inet_sock_set_state")
+SEED_PROGRAM = "seed_owners"  # iter/task_file, run once after attaching; needs bpf_sock_from_file (5.11)
 TRACEPOINTS = {
     "tcp_probe": "tcp:tcp_probe",
     "tcp_retransmit_skb": "tcp:tcp_retransmit_skb",
@@ -97,6 +99,8 @@ class ProbeOptions:
     ringbuf_bytes: int = 4 << 20
     sample_interval_ns: int = 10_000_000
     emit_samples: bool = False
+    cgroup_stats: bool = False  # host aggregates by cgroup (cgroup_stats map)
+    max_cgroups: int = 128      # cgroups with their own aggregates; the rest share CGROUP_OTHER
 
 
 class TelemetryProbe:
@@ -110,6 +114,7 @@ class TelemetryProbe:
         self._maps: dict[str, int] = {}
         self._ncpus = 1
         self._batch: tuple | None = None  # key and value buffers of read_flow_columns, kept between scrapes
+        self.seeded = False  # whether owners of sockets older than the probe were looked up
 
     def __enter__(self) -> TelemetryProbe:
         try:
@@ -131,20 +136,57 @@ class TelemetryProbe:
         if btf_path() != DEFAULT_BTF:
             opts.btf_custom_path = btf_path().encode()
         path = str(object_path()).encode()
-        self._obj = self.libbpf.check_ptr(lib.bpf_object__open_file(path, ctypes.byref(opts)),
-                                          f"cannot open BPF object {object_path()}")
-        self._check_map_layouts()
-        self._size_maps()
-        self.libbpf.log.clear()  # what open logged is not why a later call fails
-        if lib.bpf_object__load(self._obj) != 0:
-            raise self.libbpf.error("kernel rejected the BPF programs",
-                                    fix="run `ccscope check` to see what this kernel lacks")
-        for name in ("flows", "samples", "cc_stats", "hists", "counters", "config"):
+        if not self._load(path, opts, seed=True):
+            failure = self.libbpf.error("kernel rejected the BPF programs",
+                                        fix="run `ccscope check` to see what this kernel lacks")
+            lib.bpf_object__close(self._obj)
+            # Kernels before 5.11 lack bpf_sock_from_file: run without owners of pre-existing sockets.
+            if not self._load(path, opts, seed=False):
+                raise failure
+        for name in ("flows", "samples", "cc_stats", "hists", "counters", "config", "cgroup_stats", "cgroup_slots",
+                     "free_slots"):
             self._maps[name] = lib.bpf_map__fd(lib.bpf_object__find_map_by_name(self._obj, name.encode()))
+        for slot in range(1, self.options.max_cgroups + 1):
+            self._free_slot(slot)
         self.set_config(self.options.sample_interval_ns, self.options.emit_samples)
         for name in PROGRAMS:
             self._attach(name)
+        if self.seeded:
+            self._seed_owners()
         self.libbpf.log.clear()
+
+    def _load(self, path: bytes, opts: _OpenOpts, seed: bool) -> bool:
+        lib = self.libbpf.lib
+        self._obj = self.libbpf.check_ptr(lib.bpf_object__open_file(path, ctypes.byref(opts)),
+                                          f"cannot open BPF object {object_path()}")
+        self._check_map_layouts()
+        if not seed:
+            lib.bpf_program__set_autoload(lib.bpf_object__find_program_by_name(self._obj, SEED_PROGRAM.encode()),
+                                          False)
+        self._size_maps()
+        self.seeded = seed
+        self.libbpf.log.clear()  # what open logged is not why a later call fails
+        return lib.bpf_object__load(self._obj) == 0
+
+    def _seed_owners(self) -> None:
+        """One pass of the task_file iterator: owners of the sockets that were open before we attached."""
+        lib = self.libbpf.lib
+        link = lib.bpf_program__attach(lib.bpf_object__find_program_by_name(self._obj, SEED_PROGRAM.encode()))
+        if not link:
+            self.seeded = False
+            return
+        try:
+            fd = lib.bpf_iter_create(lib.bpf_link__fd(link))
+            if fd < 0:
+                self.seeded = False
+                return
+            try:
+                while os.read(fd, 1 << 16):
+                    pass
+            finally:
+                os.close(fd)
+        finally:
+            lib.bpf_link__destroy(link)
 
     def _check_map_layouts(self) -> None:
         """Refuse an object whose maps' key or value sizes differ from bpf_types' mirrors."""
@@ -161,7 +203,10 @@ class TelemetryProbe:
 
     def _size_maps(self) -> None:
         lib = self.libbpf.lib
-        sizes = {"flows": self.options.max_flows, "samples": _ringbuf_size(self.options.ringbuf_bytes)}
+        sizes = {"flows": self.options.max_flows, "owners": self.options.max_flows,
+                 "samples": _ringbuf_size(self.options.ringbuf_bytes),
+                 "cgroup_stats": self.options.max_cgroups + 1, "cgroup_slots": self.options.max_cgroups,
+                 "free_slots": self.options.max_cgroups}
         for name, size in sizes.items():
             bpf_map = lib.bpf_object__find_map_by_name(self._obj, name.encode())
             ret = lib.bpf_map__set_max_entries(bpf_map, size) if bpf_map else -errno.ENOENT
@@ -190,8 +235,17 @@ class TelemetryProbe:
 
     # --- configuration -------------------------------------------------------
 
+    def _free_slot(self, slot: int) -> None:
+        """A cgroup_stats slot, zeroed, back on the BPF side's free list."""
+        lib, key = self.libbpf.lib, ctypes.c_uint32(slot)
+        self._check(lib.bpf_map_update_elem(self._maps["cgroup_stats"], ctypes.byref(key),
+                                            (bt.CgroupStats * self._ncpus)(), 0), "zero a cgroup_stats slot")
+        self._check(lib.bpf_map_update_elem(self._maps["free_slots"], None, ctypes.byref(key), 0),
+                    "free a cgroup_stats slot")
+
     def set_config(self, sample_interval_ns: int, emit_samples: bool) -> None:
-        cfg = bt.Config(sample_interval_ns=sample_interval_ns, emit_samples=int(emit_samples))
+        cfg = bt.Config(sample_interval_ns=sample_interval_ns, emit_samples=int(emit_samples),
+                        cgroup_stats=int(self.options.cgroup_stats))
         key = ctypes.c_uint32(0)
         self._check(self.libbpf.lib.bpf_map_update_elem(
             self._maps["config"], ctypes.byref(key), ctypes.byref(cfg), 0), "update config")
@@ -241,6 +295,28 @@ class TelemetryProbe:
             for key, value in self._iterate("hists", bt.HistKey, bt.Hist)
         }
 
+    def cgroup_stats(self) -> dict[int, bt.CgroupStats]:
+        """cgroup id -> its aggregates (summed over CPUs); bt.CGROUP_OTHER holds the cgroups without a slot."""
+        slots = {key.value: value.value for key, value in self._iterate("cgroup_slots", ctypes.c_uint64,
+                                                                        ctypes.c_uint32)}
+        slots[bt.CGROUP_OTHER] = bt.CGROUP_OTHER
+        fd, values = self._maps["cgroup_stats"], (bt.CgroupStats * self._ncpus)()
+        stats = {}
+        for cgroup_id, slot in slots.items():
+            key = ctypes.c_uint32(slot)
+            self._check(self.libbpf.lib.bpf_map_lookup_elem(fd, ctypes.byref(key), values), "read cgroup_stats")
+            stats[cgroup_id] = _sum_cgroup_stats(values)
+        return stats
+
+    def delete_cgroup(self, cgroup_id: int) -> None:
+        """An expired cgroup's slot goes back, zeroed, to the free list for a new cgroup."""
+        key, slot = ctypes.c_uint64(cgroup_id), ctypes.c_uint32()
+        lib, fd = self.libbpf.lib, self._maps["cgroup_slots"]
+        if lib.bpf_map_lookup_elem(fd, ctypes.byref(key), ctypes.byref(slot)) != 0:
+            return
+        lib.bpf_map_delete_elem(fd, ctypes.byref(key))  # first, so no new flow takes the slot meanwhile
+        self._free_slot(slot.value)
+
     def counters(self) -> dict[bt.Counter, int]:
         fd = self._maps["counters"]
         values = (ctypes.c_uint64 * self._ncpus)()
@@ -280,6 +356,14 @@ class TelemetryProbe:
 
     def _check(self, ret: int, what: str) -> None:
         self.libbpf.check_int(ret, what)
+
+
+def _sum_cgroup_stats(values: ctypes.Array) -> bt.CgroupStats:
+    """Per-CPU copies -> one: the array seen as u64 words, each field summed with one strided slice (fast
+    also with hundreds of CPUs)."""
+    words = memoryview(values).cast("B").cast("Q")
+    width = ctypes.sizeof(bt.CgroupStats) // 8
+    return bt.CgroupStats.from_buffer_copy(array.array("Q", (sum(words[i::width]) for i in range(width))))
 
 
 def _cstr(raw: bytes) -> str:

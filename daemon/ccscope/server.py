@@ -5,90 +5,136 @@ from __future__ import annotations
 import gzip
 import ssl
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import Collector
 
 from . import __version__
+from .exposition import fast_encoder
 from .web.server import Authenticator, HttpServer, Limits, Request, Response, Route
 
 LANDING = """<!doctype html>
 <html><head><meta charset="utf-8"><title>ccscope</title></head>
 <body><h1>ccscope {version}</h1><p>Live TCP congestion telemetry: <a href="metrics">metrics</a></p></body></html>
 """
+GZIP_LEVEL = 6  # ~1 ms for the ~170 kB of --flows top:50, to ~10 % of its size; once per collection, not per request
 
 
-class Flight:
-    """One collection, shared by every request that joined it."""
+@dataclass
+class Collection:
+    """One rendering of the registry, numbered per format, shared by every request that waited for it."""
 
-    def __init__(self) -> None:
-        self.done = threading.Event()
-        self.body = b""
-        self.error: Exception | None = None
-        self._gzipped: bytes | None = None
-        self._lock = threading.Lock()
+    number: int
+    body: bytes = b""
+    error: Exception | None = None
+    _gzipped: bytes | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def gzipped(self) -> bytes:
-        with self._lock:
+        with self._lock:  # the first request that asks compresses; the others wait for its bytes
             if self._gzipped is None:
-                self._gzipped = gzip.compress(self.body, compresslevel=6)
+                self._gzipped = gzip.compress(self.body, compresslevel=GZIP_LEVEL)
             return self._gzipped
 
 
-class SharedCollection:
-    """Concurrent scrapes share one collection instead of each reading the kernel maps and rendering the text.
+@dataclass
+class _Format:
+    started: int = 0                  # collections of this format started so far
+    latest: Collection | None = None  # the last one finished
+    running: bool = False
 
-    Fifty scrapers at once would otherwise run fifty collections, serialized by the GIL, and the last one
-    would wait for all the others. A request that arrives while a collection of the same format is running
-    takes its result (as Go's singleflight does): it may have started a few milliseconds before the request,
-    never more than one collection's duration.
+
+class SharedCollection:
+    """Concurrent scrapes share collections instead of each reading the kernel maps and rendering the text.
+
+    Fifty scrapers at once would otherwise run fifty collections, serialized by the GIL, and the last one would
+    wait for all the others. Freshness: a request is only ever answered with a collection that *started after it
+    arrived*, so it never sees data older than itself, as if it had collected alone. A request that arrives while
+    a collection runs waits for the next one, and every request that arrived meanwhile shares that next one: a
+    burst costs two collections, and a request waits at most two collections' time for its own.
     """
 
     def __init__(self, produce: Callable[[str], bytes]) -> None:
         self._produce = produce
-        self._lock = threading.Lock()
-        self._running: dict[str, Flight] = {}
+        self._changed = threading.Condition()
+        self._formats: dict[str, _Format] = {}
+        self.requests = 0     # get() calls
+        self.collections = 0  # produce() calls
+        self.waiting = 0      # requests waiting for a collection another request runs
 
-    def get(self, key: str) -> Flight:
-        with self._lock:
-            flight = self._running.get(key)
-            owner = flight is None
-            if owner:
-                flight = self._running[key] = Flight()
-        if not owner:
-            flight.done.wait()
-            return flight
+    def get(self, key: str) -> Collection:
+        with self._changed:
+            self.requests += 1
+            state = self._formats.setdefault(key, _Format())
+            wanted = state.started + 1  # the first collection to start from now on
+            found = self._wait_for(state, wanted)
+            if found is not None:
+                return found
+            state.started = wanted
+            state.running = True
+            self.collections += 1
+        collection = Collection(wanted)
         try:
-            flight.body = self._produce(key)
-        except Exception as exc:
-            flight.error = exc
+            collection.body = self._produce(key)
+        except Exception as exc:  # every request that waited for this collection answers 500
+            collection.error = exc
         finally:
-            with self._lock:
-                del self._running[key]
-            flight.done.set()
-        return flight
+            with self._changed:
+                state.latest, state.running = collection, False
+                self._changed.notify_all()
+        return collection
+
+    def _wait_for(self, state: _Format, wanted: int) -> Collection | None:
+        """A collection numbered `wanted` or later once one finished, or None when this request is to run it."""
+        self.waiting += 1
+        try:
+            while state.latest is None or state.latest.number < wanted:
+                if not state.running:
+                    return None
+                self._changed.wait()
+            return state.latest
+        finally:
+            self.waiting -= 1
 
 
-def metrics_handler(registry: CollectorRegistry) -> Callable[[Request], Response]:
-    encoders: dict[str, Callable] = {}
+class ScrapeCollector(Collector):
+    """How much sharing happens: requests to /metrics against the collections run for them."""
 
-    def produce(content_type: str) -> bytes:
-        return encoders[content_type](registry)
+    def __init__(self, shared: SharedCollection) -> None:
+        self.shared = shared
 
-    shared = SharedCollection(produce)
+    def collect(self) -> Iterator[Metric]:
+        yield CounterMetricFamily("ccscope_scrape_requests", "Requests for /metrics, in every format.",
+                                  value=self.shared.requests)
+        yield CounterMetricFamily("ccscope_scrape_collections", "Collections run for /metrics requests (this one "
+                                  "included); requests that arrive while one runs share the next.",
+                                  value=self.shared.collections)
 
-    def handle(request: Request) -> Response:
+
+class MetricsEndpoint:
+    """GET /metrics: the registry in the format the Accept header asks for, gzipped when accepted."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self._encoders: dict[str, Callable[[CollectorRegistry], bytes]] = {}
+        self.shared = SharedCollection(self._render)
+
+    def _render(self, content_type: str) -> bytes:
+        return self._encoders[content_type](self.registry)
+
+    def __call__(self, request: Request) -> Response:
         encoder, content_type = choose_encoder(request.headers.get("accept", ""))
-        encoders.setdefault(content_type, encoder)
-        flight = shared.get(content_type)
-        if flight.error is not None:
-            raise flight.error
+        self._encoders.setdefault(content_type, fast_encoder(encoder))
+        collection = self.shared.get(content_type)
+        if collection.error is not None:
+            raise collection.error
         if "gzip" in request.headers.get("accept-encoding", "").lower():
-            return Response(200, flight.gzipped(), content_type, [("Content-Encoding", "gzip")])
-        return Response(200, flight.body, content_type)
-
-    return handle
+            return Response(200, collection.gzipped(), content_type, [("Content-Encoding", "gzip")])
+        return Response(200, collection.body, content_type)
 
 
 def landing_page(_request: Request) -> Response:
@@ -101,5 +147,7 @@ class MetricsServer(HttpServer):
     def __init__(self, registry: CollectorRegistry, host: str, port: int, *, tls: ssl.SSLContext | None = None,
                  auth: Authenticator | None = None, limits: Limits | None = None,
                  extra_headers: list[tuple[str, str]] | None = None) -> None:
-        routes = {"/metrics": Route(metrics_handler(registry)), "/": Route(landing_page)}
+        self.metrics = MetricsEndpoint(registry)
+        registry.register(ScrapeCollector(self.metrics.shared))
+        routes = {"/metrics": Route(self.metrics), "/": Route(landing_page)}
         super().__init__(host, port, routes, tls=tls, auth=auth, limits=limits, extra_headers=extra_headers)

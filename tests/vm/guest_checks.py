@@ -215,6 +215,34 @@ def check_core(probe: Probe) -> dict:
         flow.close()
 
 
+def check_attribution(probe: Probe) -> dict:
+    """The socket cgroup id (CO-RE through sock_cgroup_data) and the connecting process, on this kernel."""
+    if probe.probe is None:
+        return {"loaded": False}
+    mounts = [line.split() for line in read("/proc/mounts").splitlines()]
+    root = next((m[1] for m in mounts if m[2] == "cgroup2"), None)
+    if root is None:
+        root = "/tmp/klab-cgroup2"
+        os.makedirs(root, exist_ok=True)
+        sh("mount", "-t", "cgroup2", "none", root)
+    cgroup = os.path.join(root, "klab-attribution")
+    os.mkdir(cgroup)
+    try:
+        write(os.path.join(cgroup, "cgroup.procs"), str(os.getpid()))
+        flow = BulkFlow(None, "127.0.0.1", None, 1 << 20)
+        write(os.path.join(root, "cgroup.procs"), str(os.getpid()))
+        try:
+            mine = [f for f in probe.probe.read_flows() if f.sport == flow.sport and f.dport == flow.dport]
+            return {"loaded": True, "seeded": probe.probe.seeded, "cgroup_ino": os.stat(cgroup).st_ino,
+                    "pid": os.getpid(), "comm": read("/proc/self/comm").strip(),
+                    "flow": [{"cgroup_id": f.cgroup_id, "tgid": f.tgid, "comm": f.comm.decode()} for f in mine]}
+        finally:
+            flow.close()
+    finally:
+        write(os.path.join(root, "cgroup.procs"), str(os.getpid()))
+        os.rmdir(cgroup)
+
+
 def check_netns_cc(probe: Probe) -> dict:
     """vegas and westwood as a namespace's default, once the init namespace allows them."""
     allowed_path = "/proc/sys/net/ipv4/tcp_allowed_congestion_control"
@@ -344,6 +372,19 @@ def check_engine(probe: Probe) -> dict:
     return out
 
 
+def check_pathcheck(probe: Probe) -> dict:
+    """The pre-run path check over netem at 1 Mbit/s and 400 ms RTT (the built-in fast-vs-slow's slow path,
+    where it once read 0.27 Mbit/s on a correct emulator): it must trust netem here as it trusts the delay line."""
+    from dataclasses import asdict
+
+    from ccscope.emulation.profile import PathProfile
+    from ccscope.emulation.testbed import Testbed
+
+    profile = PathProfile.from_dict("slow", {"rate": "1mbit", "delay": "200ms"}, "slow")
+    with Testbed(profile) as tb:
+        return {"backend": tb.backend, "base_rtt_s": profile.base_rtt_s, **asdict(tb.verify())}
+
+
 def check_scenario(probe: Probe) -> dict:
     """`ccscope scenario run` of tests/vm/lab-scenario.yaml, as a user would run it, in a scratch dir."""
     if probe.probe is None:
@@ -372,10 +413,12 @@ def check_scenario(probe: Probe) -> dict:
 CHECKS: dict[str, Callable[[Probe], dict]] = {
     "kernel": check_kernel,
     "core": check_core,
+    "attribution": check_attribution,
     "netns_cc": check_netns_cc,
     "fq_bbr": check_fq_bbr,
     "netem": check_netem,
     "engine": check_engine,
+    "pathcheck": check_pathcheck,
     "scenario": check_scenario,  # last: it takes over the probe
 }
 

@@ -34,7 +34,7 @@ def state_dir() -> Path:
     return Path(os.environ.get("CCSCOPE_STATE_DIR", "/run/ccscope"))
 
 
-def _pid_start(pid: int) -> int | None:
+def pid_start(pid: int) -> int | None:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
@@ -43,7 +43,7 @@ def _pid_start(pid: int) -> int | None:
 
 
 def pid_alive(pid: int, start: int | None = None) -> bool:
-    now = _pid_start(pid)
+    now = pid_start(pid)
     return now is not None and (start is None or now == start)
 
 
@@ -65,7 +65,7 @@ class RunState:
     @classmethod
     def new(cls, run_id: str, namespaces: list[str]) -> RunState:
         pid = os.getpid()
-        return cls(run_id=run_id, pid=pid, pid_start=_pid_start(pid), created=time.time(),
+        return cls(run_id=run_id, pid=pid, pid_start=pid_start(pid), created=time.time(),
                    namespaces=list(namespaces), allowed_original=" ".join(algorithms.allowed_algorithms()))
 
     def save(self) -> None:
@@ -106,23 +106,31 @@ def locked() -> Iterator[None]:
 
 
 def allow_algorithm(state: RunState, name: str) -> None:
-    """Adds `name` to the init namespace's allowed list, recording the addition first."""
+    """Adds `name` to the init namespace's allowed list, recording the addition first. A name that another
+    live run added is shared: this run records it too, so whichever run ends last removes it."""
     with locked():
         current = algorithms.allowed_algorithms()
-        if name in current:
+        if name in current and not _added_by_another(state, name):
             return
         if name not in state.allowed_added:
             state.allowed_added.append(name)
         state.save()
-        algorithms.write_allowed([*current, name])
+        if name not in current:
+            algorithms.write_allowed([*current, name])
+
+
+def _added_by_another(state: RunState, name: str) -> bool:
+    return any(name in other.allowed_added for other in all_states()
+               if other.run_id != state.run_id and other.alive())
 
 
 def release_algorithms(state: RunState, others: list[RunState]) -> str | None:
     """Removes this run's additions that no other run still needs; returns the new value if changed.
-    Call with the lock held."""
+    Call with the lock held. A run that shared another's addition saw it in the list when it started, so
+    its own `allowed_original` is no proof that the user allowed the name."""
     if not state.allowed_added:
         return None
-    needed = set(state.allowed_original.split())
+    needed = set(state.allowed_original.split()) - set(state.allowed_added)
     for other in others:
         needed.update(other.allowed_added)
     current = algorithms.allowed_algorithms()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 import mimetypes
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -42,23 +42,12 @@ def static_files() -> dict[str, Path]:
 
 
 def table_source(probe, flow_filter: Callable[[], FlowFilter]) -> Callable[[], tuple[list[FlowRecord], int]]:
-    """Reads the kernel flow map for the table by columns: the namespace and port filters and the top TABLE_ROWS
+    """Reads the kernel flow map for the table by columns: the filters (FlowFilter.select) and the top TABLE_ROWS
     by bytes are applied to the columns, so only the rows shown are decoded."""
 
     def read() -> tuple[list[FlowRecord], int]:
-        wanted = flow_filter()
         columns = probe.read_flow_columns()
-        chosen: Iterable[int] = range(len(columns))
-        if wanted.netns:
-            netns = columns.column("netns")
-            chosen = [i for i in chosen if netns[i] in wanted.netns]
-        if wanted.ports:
-            sport, dport = columns.column("sport"), columns.column("dport")
-            chosen = [i for i in chosen if sport[i] in wanted.ports or dport[i] in wanted.ports]
-        if wanted.cidrs:
-            flows = [f for f in (decode(columns.record(i)) for i in chosen) if wanted.matches(f)]
-            return sorted(flows, key=lambda f: f.bytes_total, reverse=True)[:TABLE_ROWS], len(flows)
-        chosen = list(chosen)
+        chosen = flow_filter().select(columns, range(len(columns)))
         acked, received = columns.column("bytes_acked"), columns.column("bytes_received")
         busiest = heapq.nlargest(TABLE_ROWS, chosen, key=lambda i: acked[i] + received[i])
         return [decode(columns.record(i)) for i in busiest], len(chosen)

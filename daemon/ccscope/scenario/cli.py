@@ -47,7 +47,8 @@ def register(sub) -> None:
     rp.add_argument("directory", help="a directory written by `ccscope scenario`")
     rp.set_defaults(func=cmd_report)
 
-    cl = sub.add_parser("cleanup", help="remove namespaces, qdiscs, rules and sysctls a killed run left behind")
+    cl = sub.add_parser("cleanup", help="remove namespaces, qdiscs, rules, sysctls and BPF congestion "
+                                        "controls a killed run left behind")
     cl.add_argument("--all", action="store_true",
                     help="also tear down runs whose ccscope process is still alive (default: only dead ones)")
     cl.set_defaults(func=cmd_cleanup)
@@ -147,9 +148,10 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     if os.geteuid() != 0:
         raise PrerequisiteError("cleanup needs root (it removes network namespaces and restores sysctls)",
                                 "run with sudo")
+    from ccscope.cc import registry
     from ccscope.emulation import cleanup_all
 
-    removed = cleanup_all(include_live=args.all)
+    removed = cleanup_all(include_live=args.all) + registry.cleanup(include_live=args.all)
     for item in removed:
         print(f"removed {item}")
     if not removed:

@@ -6,6 +6,7 @@ anything, so a bad results directory is one line and leaves no half-written repo
 
 from __future__ import annotations
 
+import copy
 import csv
 import html
 import io
@@ -25,16 +26,40 @@ matplotlib.use("Agg")
 matplotlib.rcParams["text.parse_math"] = False  # names and descriptions are text, never TeX
 import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
 
-COLORS = {"reno": "#1f77b4", "cubic": "#d62728", "bbr": "#2ca02c", "vegas": "#9467bd", "westwood": "#8c564b"}
+COLORS = {"reno": "#1f77b4", "cubic": "#d62728", "bbr": "#2ca02c", "vegas": "#9467bd", "westwood": "#8c564b",
+          "copa": "#ff7f0e"}
 MARKERS = ("o", "s", "^", "D", "v", "P", "X")
 EXTRA = ("#ff7f0e", "#17becf", "#e377c2", "#7f7f7f", "#bcbd22")
 
 
 def color(alg: str) -> str:
     if alg not in COLORS:
-        COLORS[alg] = EXTRA[len([a for a in COLORS if a not in ("reno", "cubic", "bbr", "vegas", "westwood")])
+        COLORS[alg] = EXTRA[len([a for a in COLORS if a not in ("reno", "cubic", "bbr", "vegas", "westwood", "copa")])
                             % len(EXTRA)]
     return COLORS[alg]
+
+
+def with_display_names(doc: dict) -> dict:
+    """A copy of `doc` whose algorithm names say which implementation ran: `vegas (BPF)` where ccscope's
+    BPF program did (results.json's `implementations`); kernel ones stay plain."""
+    names = {name: impl.get("display", name) for name, impl in doc.get("implementations", {}).items()}
+    if all(name == shown for name, shown in names.items()):
+        return doc
+
+    def one(name: str) -> str:
+        return names.get(name, name)
+
+    def mix(label: str) -> str:
+        return "+".join(one(name) for name in label.split("+"))
+
+    doc = copy.deepcopy(doc)
+    for row in doc["summary"]:
+        row["algorithm"], row["algorithms"] = one(row["algorithm"]), mix(row["algorithms"])
+    for run in doc["runs"]:
+        run["algorithms"] = mix(run["algorithms"])
+        for item in run["flows"] + run["downloads"]:
+            item["algorithm"] = one(item["algorithm"])
+    return doc
 
 
 PLOTTED_COLUMNS = ("cwnd_segments", "throughput_mbps", "srtt_ms", "rtt_ms")
@@ -204,8 +229,9 @@ def plot_tradeoff(directory: Path, doc: dict) -> str | None:
         ax.legend(fontsize=8, loc="lower left")
     axes[0, 0].set_ylabel("goodput (Mbit/s)")
     runs = doc["runs_per_unit"]
-    fig.suptitle(f"{doc['scenario']['name']}: throughput vs delay, best is top-right "
-                 f"({'mean ± 95% CI over ' + str(runs) + ' runs' if runs > 1 else '1 run, no interval'})", fontsize=10)
+    # Two lines: one panel is 5 inches wide, and the title must fit it (it was cut at both ends).
+    fig.suptitle(f"{doc['scenario']['name']}: throughput vs delay\nbest is top-right; "
+                 f"{'mean ± 95% CI over ' + str(runs) + ' runs' if runs > 1 else '1 run, no interval'}", fontsize=10)
     fig.tight_layout()
     return _save(fig, directory, "tradeoff.png")
 
@@ -333,6 +359,7 @@ COLUMNS = (("profile", lambda r: r["profile"]),
 
 
 def summary_table(doc: dict) -> str:
+    doc = with_display_names(doc)
     rows = doc["summary"]
     used = [c for c in COLUMNS if any(c[1](r) != "-" for r in rows) or c[0] in ("profile", "algorithm")]
     cells = [[c[0] for c in used]] + [[c[1](r) for c in used] for r in rows]
@@ -363,6 +390,7 @@ def _table(header: list[str], rows: list[list[str]], numeric_from: int = 2) -> s
 def render(directory: Path, doc: dict, series: Series | None = None) -> Path:
     """report.html and the PNGs it shows, from results.json and the per-flow CSVs (load_series, which
     checks and reads them all before anything is written; pass its result if you have it already)."""
+    doc = with_display_names(doc)
     plots = _draw_plots(directory, doc, load_series(directory, doc) if series is None else series)
     sections = (_html_header(doc), _html_incomplete(directory, doc), _html_problems(doc), _html_summary(doc),
                 _html_plots(plots), _html_profiles(doc), _html_runs(doc), _html_downloads(doc),

@@ -86,6 +86,11 @@ _ROW = {"type": "object",
 _PROFILE = {"type": "object", "required": ["description", "base_rtt_s", "bdp_bytes", "up_rate_bps"],
             "properties": {"description": _TEXT, "base_rtt_s": {"type": "number"}, "bdp_bytes": {"type": "number"},
                            "up_rate_bps": {"type": NUM}, "down_rate_bps": {"type": NUM}}}
+_IMPLEMENTATION = {"type": "object", "required": ["name", "implementation", "display"],
+                   "properties": {"name": _ALG, "implementation": {"enum": ["kernel", "bpf"]},
+                                  "display": {"type": "string", "maxLength": 64},
+                                  "sha256": {"type": ["string", "null"], "pattern": r"[0-9a-f]{64}"},
+                                  "object": {"type": ["string", "null"]}}}
 _CHECK = {"type": "object", "required": ["ok", "message"],
           "properties": {"ok": {"type": "boolean"}, "message": {"type": "string"}}}
 SCHEMA = {
@@ -121,6 +126,8 @@ SCHEMA = {
         "complete": {"type": "boolean"}, "missing_runs": {"type": "array", "items": {"type": "string"}},
         "interrupted": {"type": ["string", "null"]}, "backend_requested": {"type": "string"},
         "resumed_at": {"type": "array", "items": {"type": "string"}},
+        # optional: which implementation ran each algorithm (kernel module or ccscope's BPF); older files lack it
+        "implementations": {"type": "object", "additionalProperties": _IMPLEMENTATION},
     },
 }
 RUN_SCHEMA = _RUN

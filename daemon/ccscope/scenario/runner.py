@@ -15,8 +15,8 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+from ccscope.cc.provide import check_forced, providable, provided
 from ccscope.emulation import state
-from ccscope.emulation.algorithms import available_algorithms
 from ccscope.emulation.testbed import Testbed
 from ccscope.errors import CcscopeError, PrerequisiteError, UsageError
 from ccscope.exporter import FlowCollector
@@ -82,8 +82,10 @@ def check_prerequisites() -> None:
 
 
 def select_algorithms(scenario: Scenario, skip_unavailable: bool) -> tuple[Scenario, list[str]]:
-    """Drops algorithms the kernel lacks if optional (or with --skip-unavailable); else one clear error."""
-    available = available_algorithms()
+    """Drops algorithms neither the kernel nor ccscope's BPF programs provide if optional (or with
+    --skip-unavailable); else one clear error."""
+    check_forced(scenario.all_algorithms)
+    available = providable()
     missing = [a for a in scenario.all_algorithms if a not in available]
     required = [a for a in missing if a not in scenario.optional_algorithms]
     if required and not skip_unavailable:
@@ -193,7 +195,9 @@ def _run_missing(scenario: Scenario, units: list[Unit], doc: dict, store: Store,
     todo = [(position, unit) for position, unit in enumerate(units, 1) if unit.label in doc["missing_runs"]]
     if not todo:
         return 0
-    with _telemetry(scenario, endpoint) as (recorder, collector):
+    with provided(scenario.all_algorithms, f"scenario {scenario.name}") as implementations, \
+            _telemetry(scenario, endpoint) as (recorder, collector):
+        doc["implementations"] = {name: impl.as_dict() for name, impl in implementations.items()}
         progress = Progress(len(units), planned_seconds(scenario), listener=endpoint and endpoint.hub.scenario_event)
         verified: set[str] = set(doc["emulation_checks"])
         for position, unit in todo:
@@ -329,6 +333,7 @@ def _telemetry(scenario: Scenario, endpoint: Endpoint | None):
             if endpoint:  # nothing reads the probe once it is closed
                 endpoint.hub.table_source = None
                 endpoint.registry.unregister(collector)
+            collector.close()
 
 
 def _run_unit(scenario: Scenario, unit: Unit, position: int, out: Path, recorder: Recorder, collector,

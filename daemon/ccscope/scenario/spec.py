@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ccscope import safe_input
+from ccscope.cc.catalog import normalize as normalize_algorithm
 from ccscope.emulation.profile import PathProfile, check_text
 from ccscope.errors import UsageError
 from ccscope.units import parse_duration, parse_size
@@ -221,8 +222,7 @@ def _build(data: dict, where: str, source: str) -> Scenario:
     optional = data.get("optional_algorithms", []) or []
     if not isinstance(optional, list) or not all(isinstance(a, str) for a in optional):
         raise UsageError(f"{where}: optional_algorithms: expected a list of algorithm names, got {optional!r}")
-    for alg in optional:
-        _check_alg(alg, f"{where}: optional_algorithms")
+    optional = [_check_alg(alg, f"{where}: optional_algorithms") for alg in optional]
     mixes = list(algorithms) + [(a,) for a in optional if (a,) not in algorithms]
     traffic = _traffic(data.get("traffic"), where)
     needs_duration = traffic.flows > 0 or (traffic.downloads is not None and traffic.downloads.every_s is not None)
@@ -252,9 +252,12 @@ def _build(data: dict, where: str, source: str) -> Scenario:
 
 
 def _check_alg(alg: Any, where: str) -> str:
-    if not isinstance(alg, str) or not _ALG.match(alg):
-        raise UsageError(f"{where}: {alg!r} is not a congestion control name (like cubic, bbr, reno)")
-    return alg
+    """A kernel congestion control name; `bpf:vegas` (ccscope's BPF Vegas, also next to a native one)
+    becomes the name it is registered under, bpf_vegas."""
+    name = normalize_algorithm(alg) if isinstance(alg, str) else alg
+    if not isinstance(name, str) or not _ALG.match(name):
+        raise UsageError(f"{where}: {alg!r} is not a congestion control name (like cubic, bbr, reno, bpf:vegas)")
+    return name
 
 
 def _algorithms(raw: Any, where: str) -> list[tuple[str, ...]]:

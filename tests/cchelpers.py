@@ -1,0 +1,126 @@
+"""Helpers for the tests of ccscope's BPF congestion controls (tests/test_cc*.py)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from prereqs import require, require_root
+
+AVAILABLE = Path("/proc/sys/net/ipv4/tcp_available_congestion_control")
+
+# A process that uses BPF congestion controls like a scenario does, until its stdin closes.
+USER_SCRIPT = """
+import sys
+from ccscope.cc import provided
+with provided(sys.argv[1:], "test user") as chosen:
+    print(" ".join(f"{n}={i.implementation}" for n, i in chosen.items()), flush=True)
+    sys.stdin.read()
+"""
+
+
+def available() -> set[str]:
+    return set(AVAILABLE.read_text().split())
+
+
+def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def require_cc_objects() -> None:
+    from ccscope.cc import catalog, structops
+
+    require_root()
+    missing = [a for a in catalog.BPF_ALGORITHMS if not catalog.object_path(a).is_file()]
+    require(not missing, f"BPF congestion controls not built ({', '.join(missing)}): run make bpf")
+    require(structops.supported(), "kernel without struct_ops congestion controls")
+
+
+def start_user(env: dict[str, str], *names: str) -> tuple[subprocess.Popen, str]:
+    """Starts a process holding `names` registered; returns it and its first line (name=implementation)."""
+    proc = subprocess.Popen([sys.executable, "-c", USER_SCRIPT, *names], env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline().strip()
+    if not line:
+        proc.kill()
+        raise AssertionError(f"user process failed: {proc.stderr.read().strip()}")
+    return proc, line
+
+
+def stop_user(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.stdin.close()
+        proc.wait(timeout=20)
+
+
+# --- scenarios and their per-flow series ------------------------------------------------------------
+
+def run_scenario(ccscope_cmd: list[str], directory: Path, text: str, timeout: float = 600) -> tuple[Path, dict]:
+    """`ccscope scenario run` of the YAML `text`, as a user runs it; returns the results dir and document."""
+    spec = directory / "scenario.yaml"
+    spec.write_text(text)
+    out = directory / "out"
+    res = subprocess.run([*ccscope_cmd, "scenario", "run", str(spec), "--out", str(out), "--listen", "off"],
+                         capture_output=True, text=True, timeout=timeout)
+    assert res.returncode == 0, res.stderr[-3000:]
+    doc = json.loads((out / "results.json").read_text())
+    assert not doc["errors"], doc["errors"]
+    return out, doc
+
+
+def flow_rows(out: Path, flow: dict, warmup: bool = True) -> list[dict[str, float]]:
+    """The flow's telemetry samples (its CSV) inside its measurement window (after the warmup), or all
+    of them with warmup=False."""
+    start, end = flow["window_s"] if warmup else (float("-inf"), float("inf"))
+    with (out / flow["csv"]).open() as fh:
+        rows = [{k: float(v) for k, v in row.items() if k not in ("cc", "event", "ca_state") and v != ""}
+                for row in csv.DictReader(fh)]
+    return [r for r in rows if start <= r["time_s"] <= end]
+
+
+def queueing_delays_ms(rows: list[dict[str, float]]) -> list[float]:
+    """srtt - min_rtt per sample: the delay the flow's own queue adds."""
+    return [r["srtt_ms"] - r["min_rtt_ms"] for r in rows if "min_rtt_ms" in r]
+
+
+def flows_by_algorithm(doc: dict, algorithm: str) -> list[dict]:
+    return [f for run in doc["runs"] for f in run["flows"] if f["algorithm"] == algorithm]
+
+
+# --- algorithm signatures ---------------------------------------------------------------------------
+
+MSS = 1448  # bytes of payload per segment on these paths (1500-byte MTU, timestamps on)
+
+
+def queued_packets(rows: list[dict[str, float]], rate_bps: float) -> float:
+    """Median packets a flow keeps in the bottleneck queue: its queueing delay x the link rate / MSS."""
+    return statistics.median(queueing_delays_ms(rows)) / 1e3 * rate_bps / (MSS * 8)
+
+
+def post_recovery_ratios(out: Path, flow: dict) -> list[float]:
+    """For each fast recovery of the flow: cwnd right after it ends, divided by the bandwidth estimate x
+    RTTmin / MSS just before it started (the kernel's delivery rate and min_rtt of the last sample in
+    Open). Westwood+ sets cwnd to BWE x RTTmin there (~1); Reno halves it (~0.5 when the pipe is not full)."""
+    with (out / flow["csv"]).open() as fh:
+        rows = list(csv.DictReader(fh))
+    ratios = []
+    for i in range(1, len(rows)):
+        if rows[i - 1]["ca_state"] == "recovery" and rows[i]["ca_state"] == "open":
+            start = i - 1
+            while start > 0 and rows[start]["ca_state"] != "open":
+                start -= 1
+            before = rows[start]
+            pipe = float(before["delivery_rate_mbps"]) * 1e6 * float(before["min_rtt_ms"]) / 1e3 / (MSS * 8)
+            if pipe >= 2:
+                ratios.append(float(rows[i]["cwnd_segments"]) / pipe)
+    return ratios
