@@ -66,11 +66,20 @@ def _journal_runs(out: Path) -> list[str]:
     return [json.loads(line)["run"]["label"] for line in lines if '"kind":"run"' in line[:20]]
 
 
-def _results_complete(out: Path) -> bool:
+def _results_finished(out: Path) -> bool:
+    """Every run is saved and the run phase is over (finished_at is written after the telemetry is torn
+    down, just before the report phase; `complete` alone turns true a moment earlier)."""
     try:
-        return json.loads((out / "results.json").read_text())["complete"] is True
-    except (OSError, ValueError, KeyError):
+        doc = json.loads((out / "results.json").read_text())
+    except (OSError, ValueError):
         return False
+    return doc.get("complete") is True and bool(doc.get("finished_at"))
+
+
+def _mangle_nfqueue_rules(ns: str) -> int:
+    proc = subprocess.run(["ip", "netns", "exec", ns, "iptables", "-t", "mangle", "-S"], capture_output=True,
+                          text=True, check=False)
+    return sum("NFQUEUE" in line for line in proc.stdout.splitlines())
 
 
 def _sigint_default() -> None:
@@ -301,7 +310,9 @@ def test_sigkill_after_first_run_loses_nothing_and_blocks_the_next_run(ccscope_c
     run = started("--out", str(out))
     run.wait_for("a completed run", lambda: len(_journal_runs(out)) >= 1)
     # into the second run's traffic, so its delay line, iperf3 and NFQUEUE rules are live
-    run.wait_for("the second run's traffic", run.sending)
+    run.wait_for("the second run's traffic", lambda: run.sending() and any(
+        _mangle_nfqueue_rules(ns) for ns in run.namespaces if ns.endswith("-rtr")
+        and ns in state.list_namespaces()))
     saved = _journal_runs(out)
     assert run.kill(signal.SIGKILL) == -signal.SIGKILL
     ours = run.namespaces & set(state.list_namespaces())
@@ -321,7 +332,13 @@ def test_sigkill_after_first_run_loses_nothing_and_blocks_the_next_run(ccscope_c
         assert code == 3 and err.count("\n") == 1, err
         assert "a killed run left" in err and "ccscope cleanup" in err and "--cleanup-stale" in err
         assert any(ns in err for ns in ours) or "..." in err
-        assert "process" in err and "NFQUEUE rule" in err
+        # The kill may land while the run is tearing down (its processes and rules already gone, its
+        # namespaces not yet): the message must name what is actually there. Rules cannot vanish after
+        # the kill; a process alive now was alive when the refused run looked.
+        if any(state.namespace_pids(ns) for ns in ours):
+            assert "process" in err, err
+        if sum(_mangle_nfqueue_rules(ns) for ns in ours):
+            assert "NFQUEUE rule" in err, err
         assert results.load(out)["runs"] == doc["runs"]  # refused before touching anything
 
     # --cleanup-stale removes them (as `ccscope cleanup` does) and goes on
@@ -338,7 +355,7 @@ def test_sigkill_after_first_run_loses_nothing_and_blocks_the_next_run(ccscope_c
 def test_sigkill_in_report_phase_keeps_all_runs(ccscope_cmd, tmp_path, started, host):
     out = tmp_path / "out"
     run = started("--out", str(out))
-    run.wait_for("the report phase", lambda: _results_complete(out))
+    run.wait_for("the report phase", lambda: _results_finished(out))
     assert run.kill(signal.SIGKILL) == -signal.SIGKILL
     run.assert_nothing_left()
     doc = results.load(out)
