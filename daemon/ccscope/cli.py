@@ -19,17 +19,17 @@ import orjson
 from prometheus_client import CollectorRegistry
 
 from . import __version__, check
-from .attribution import UNATTRIBUTED, Attribution, Attributor, LabelOptions
+from .attribution import UNATTRIBUTED, Attributor, LabelOptions
 from .bpf_types import EVENT_NAMES, Counter
 from .errors import CcscopeError, PrerequisiteError, UsageError
 from .exporter import FlowCollector
 from .flows import (
     FLOW_COLUMNS,
-    Column,
     FlowFilter,
     FlowRecord,
     FlowSelection,
     FlowTable,
+    attribution_columns,
     monotonic_ns,
     record_fields,
     with_derived,
@@ -236,28 +236,6 @@ def _close_live(live) -> None:
 
 
 # --- flows -----------------------------------------------------------------------------------------
-
-
-def _fit(text: str, width: int) -> str:
-    """Long cgroup paths keep their informative end."""
-    return text if len(text) <= width else "…" + text[-(width - 1):]
-
-
-def _workload(attribution: Attribution) -> str:
-    if attribution.pod:
-        return _fit(f"{attribution.namespace}/{attribution.pod}", 36)
-    return _fit(attribution.cgroup, 36) if attribution.cgroup else "-"
-
-
-def attribution_columns(attributor: Attributor | None) -> tuple[Column, ...]:
-    """The columns `ccscope flows` adds to FLOW_COLUMNS: the process, and the pod or else the cgroup (these
-    need the cgroup resolver, which the live page's table does without)."""
-
-    def workload(flow: FlowRecord) -> str:
-        return _workload(attributor(flow.cgroup_id)) if attributor else "-"
-
-    return (Column("COMM", "<15", lambda f: f.comm or "-", lambda f: f.comm),
-            Column("CGROUP/POD", "<36", workload, workload))
 
 
 def format_flows(flows: list[FlowRecord], attributor: Attributor | None = None) -> str:
