@@ -23,12 +23,14 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ccscope.flows import FlowFilter
 from ccscope.live import hub as hubmod
 from ccscope.live import vendor
-from ccscope.live.app import LiveApp
+from ccscope.live.app import LiveApp, table_rows, table_source
 from ccscope.live.hub import Hub, TooManyClients
+from ccscope.loader import ProbeOptions, TelemetryProbe
 from livehelpers import artifacts_dir, chromium, console_errors, require_browser, screenshot, wait_js
-from nethelpers import Link, Sink, connect, free_port, parse_metrics, run, wait_port
+from nethelpers import Link, Sink, connect, free_port, parse_metrics, run, wait_for, wait_port
 from prereqs import ROOT, require, require_bpf_object, require_root, require_tools
 
 USER, PASSWORD = "viewer", "s3cret-live"
@@ -321,6 +323,65 @@ def test_scenario_page_shows_the_run_in_progress_over_finished_runs(tmp_path: Pa
     doc = json.loads((out / "results.json").read_text())
     page_runs = [r["label"] for r in final_runs]
     assert sorted(page_runs) == sorted(r["label"] for r in doc["runs"]), page_runs
+
+
+# --- closing while the table is read --------------------------------------------------------------------------------
+
+
+def test_closing_the_hub_waits_for_a_table_read_in_progress() -> None:
+    """The daemon and a scenario close the probe right after the hub (the scenario detaches the table source):
+    both must wait for a read of the kernel flow map in progress, and nothing may read the probe afterwards, as
+    FlowCollector.close() waits for a scrape. A real probe and a real flow; the read is held inside the real table
+    source. The tick runs in a thread of the test, as a broadcaster still reading after close()'s join of it timed
+    out (2 s: a slow read of a big map on a busy host) would."""
+    require_root()
+    require_bpf_object()
+    sink_port = free_port()
+    sink = Sink(socket.AF_INET, "127.0.0.1", sink_port)
+    sender = None
+    try:
+        with TelemetryProbe(ProbeOptions()) as probe:
+            sender = connect(socket.AF_INET, "127.0.0.1", sink_port)
+            sender.sendall(b"x" * 100_000)
+            real = table_source(probe, lambda: FlowFilter(ports={sink_port}))
+            assert wait_for(lambda: real()[1] == 2, timeout=10), "the flow never reached the flow map"
+            for detach in ("close", "set_table_source"):
+                inside, release, reads = threading.Event(), threading.Event(), []
+
+                def held(reads=reads, inside=inside, release=release):
+                    inside.set()
+                    release.wait(10)
+                    reads.append(real())
+                    return reads[-1]
+
+                hub = Hub(table_source=held, table_rows=table_rows)
+                try:
+                    reader = threading.Thread(target=hub.tick)
+                    reader.start()
+                    assert inside.wait(10), "tick() never read the table"
+                    stop = hub.close if detach == "close" else lambda hub=hub: hub.set_table_source(None)
+                    closer = threading.Thread(target=stop)
+                    closer.start()
+                    closer.join(0.5)
+                    assert closer.is_alive(), f"{detach}() returned while the table was being read"
+                    release.set()
+                    closer.join(10)
+                    reader.join(10)
+                    assert not closer.is_alive() and not reader.is_alive()
+                    [(flows, total)] = reads  # the held read completed, on the open probe
+                    assert total == 2 and sink_port in {f.dport for f in flows}
+                    assert hub._table["total"] == 2
+                    inside.clear()
+                    hub._table_at = hub._table_read_at = 0.0  # the next tick is due for a table read
+                    hub.tick()
+                    assert not inside.is_set() and len(reads) == 1, "the table source was read after the detach"
+                finally:
+                    release.set()
+                    hub.close()
+    finally:
+        if sender is not None:
+            sender.close()
+        sink.close()
 
 
 # --- the vendored chart library ------------------------------------------------------------------------------------

@@ -198,7 +198,8 @@ class Hub:
         """table_source() gives the kernel map's flows for the table (the shown ones, and how many matched)."""
         self.flow_filter = flow_filter or FlowFilter()
         self.mode = mode
-        self.table_source = table_source
+        self.table_source = table_source  # replace it with set_table_source() while the hub runs
+        self._reading = threading.Lock()  # held while table_source() reads the probe
         self._table_rows = table_rows or (lambda flows: {})
         self.on_clients = on_clients
         self._lock = threading.Lock()
@@ -394,7 +395,7 @@ class Hub:
                 continue
             try:
                 self.tick()
-            except Exception as exc:  # e.g. the map read racing the probe's close: the pages go on
+            except Exception as exc:  # e.g. a failed map read: the pages go on
                 print(f"ccscope: live page: {type(exc).__name__}: {exc}", file=sys.stderr)
 
     def tick(self) -> None:
@@ -418,11 +419,19 @@ class Hub:
                 self._table = self._table_rows(self._read_table(now))
                 self._send_all(event("table", self._table))
 
+    def set_table_source(self, source: TableSource | None) -> None:
+        """Replaces the table's source; waits for a read in progress, so that after set_table_source(None) nothing
+        reads the old source's probe and the probe may close (as FlowCollector.close() waits for a scrape)."""
+        with self._reading:
+            self.table_source = source
+
     def _read_table(self, now: float) -> tuple[list[FlowRecord], int]:
         """The kernel map's flows (re-read as often as its cost allows), with the sampled flows' rows replaced by
         their latest sample: the flows being charted stay current even when the map is read rarely."""
         if now - self._table_read_at >= self._table_every:
-            self._map_flows, self._map_total = self.table_source()
+            with self._reading:
+                source = self.table_source  # None once the probe is closing: the table keeps the sampled flows
+                self._map_flows, self._map_total = source() if source else ([], 0)
             took = time.monotonic() - now
             self._table_read_at = now
             # reading every flow of a busy host (10k flows: ~0.1 s) must not become the daemon's main work
@@ -448,8 +457,11 @@ class Hub:
                 self.updates_dropped += 1
 
     def close(self) -> None:
+        """Stops the pushes; returns once no table read is in progress (also when the broadcaster is still busy
+        after the join's timeout), so the caller may close the probe the table source reads."""
         self._stop.set()
         self._thread.join(timeout=2)
+        self.set_table_source(None)
         for client in list(self._clients.values()):
             client.put(event("bye", {}))
 

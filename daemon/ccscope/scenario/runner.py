@@ -324,14 +324,14 @@ def _telemetry(scenario: Scenario, endpoint: Endpoint | None):
         collector = FlowCollector(table, FlowSelection("all"), FlowFilter(netns={0}))
         if endpoint:
             endpoint.registry.register(collector)
-            endpoint.hub.table_source = table_source(probe, lambda: collector.filter)
+            endpoint.hub.set_table_source(table_source(probe, lambda: collector.filter))
         recorder = Recorder(probe, listener=endpoint.hub.on_sample if endpoint else None)
         try:
             yield recorder, collector
         finally:
             recorder.close()
-            if endpoint:  # nothing reads the probe once it is closed
-                endpoint.hub.table_source = None
+            if endpoint:  # nothing reads the probe once it is closed: waits for a table read in progress
+                endpoint.hub.set_table_source(None)
                 endpoint.registry.unregister(collector)
             collector.close()
 
