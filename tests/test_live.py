@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ccscope.flows import FlowFilter
+from ccscope import loader
+from ccscope.flows import FlowFilter, FlowTable
 from ccscope.live import hub as hubmod
 from ccscope.live import vendor
 from ccscope.live.app import LiveApp, table_rows, table_source
@@ -382,6 +383,55 @@ def test_closing_the_hub_waits_for_a_table_read_in_progress() -> None:
         if sender is not None:
             sender.close()
         sink.close()
+
+
+def test_the_table_and_a_scrape_read_the_flow_map_at_once() -> None:
+    """The daemon's scrapes and the live page's table read the kernel flow map from two threads. Beyond one batch
+    (loader.BATCH flows) the two reads shared the probe's batch buffers and got each other's batches: flows twice,
+    others missing (on /metrics, duplicate series). Real flows, a few more than one batch holds."""
+    require_root()
+    require_bpf_object()
+    pairs = loader.BATCH // 2 + 50
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4096)
+    port = listener.getsockname()[1]
+    socks = [listener]
+    try:
+        with TelemetryProbe(ProbeOptions(max_flows=4 * loader.BATCH)) as probe:
+            for _ in range(pairs):
+                socks.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+                socks.append(listener.accept()[0])
+                socks[-2].send(b"x")
+            table = FlowTable(probe, grace_s=60.0)
+            source = table_source(probe, lambda: FlowFilter(ports={port}))
+            assert wait_for(lambda: source()[1] == 2 * pairs, timeout=20), "the flows never all reached the map"
+            assert len(probe.read_flow_columns()) > loader.BATCH
+            problems: list[str] = []
+            deadline = time.monotonic() + 2.0
+
+            def scrape() -> None:
+                while time.monotonic() < deadline:
+                    columns, _ = table.scan()
+                    cookies = columns.column("cookie")
+                    if len(set(cookies)) != len(cookies):
+                        problems.append(f"scan: {len(cookies) - len(set(cookies))} flows twice")
+
+            def page() -> None:
+                while time.monotonic() < deadline:
+                    flows, total = source()
+                    if total != 2 * pairs or len({f.cookie for f in flows}) != len(flows):
+                        problems.append(f"table: {total} flows of {2 * pairs}")
+
+            readers = [threading.Thread(target=scrape), threading.Thread(target=page)]
+            for reader in readers:
+                reader.start()
+            for reader in readers:
+                reader.join(30)
+            assert not problems, f"{len(problems)} bad reads, e.g. {problems[:3]}"
+    finally:
+        for sock in socks:
+            sock.close()
 
 
 # --- the vendored chart library ------------------------------------------------------------------------------------
