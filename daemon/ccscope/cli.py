@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry
 from . import __version__, check
 from .attribution import UNATTRIBUTED, Attributor, LabelOptions
 from .bpf_types import EVENT_NAMES, Counter
+from .cc.provide import shown_names
 from .errors import CcscopeError, PrerequisiteError, UsageError
 from .exporter import FlowCollector
 from .flows import (
@@ -218,7 +219,8 @@ def cmd_daemon(args: argparse.Namespace) -> int:
 
 
 def _live_page(probe, flow_filter: FlowFilter, sample_interval_ns: int):
-    hub = Hub(flow_filter=flow_filter, table_rows=table_rows, table_source=table_source(probe, lambda: flow_filter))
+    hub = Hub(flow_filter=flow_filter, table_rows=table_rows, table_source=table_source(probe, lambda: flow_filter),
+              cc_names=shown_names)
     try:
         app = LiveApp(hub)
     except Exception:

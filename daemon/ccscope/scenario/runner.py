@@ -198,7 +198,11 @@ def _run_missing(scenario: Scenario, units: list[Unit], doc: dict, store: Store,
     with provided(scenario.all_algorithms, f"scenario {scenario.name}") as implementations, \
             _telemetry(scenario, endpoint) as (recorder, collector):
         doc["implementations"] = {name: impl.as_dict() for name, impl in implementations.items()}
-        progress = Progress(len(units), planned_seconds(scenario), listener=endpoint and endpoint.hub.scenario_event)
+        names = {name: impl.display for name, impl in implementations.items()}  # as the report names them
+        if endpoint:
+            endpoint.hub.set_cc_names(names)
+        progress = Progress(len(units), planned_seconds(scenario), listener=endpoint and endpoint.hub.scenario_event,
+                            names=names)
         verified: set[str] = set(doc["emulation_checks"])
         for position, unit in todo:
             record = _run_unit(scenario, unit, position, out, recorder, collector, progress, options,

@@ -14,7 +14,7 @@
     flows: {},              // id -> {info, cols: [t[], cwnd[], srtt[], minrtt[], mbps[], retrans[]], received}
     pointsReceived: 0, messages: 0, pushTimes: [], chartUpdates: 0, dropped: 0, lagUntil: 0,
     table: { columns: [], rows: [], total: 0 }, sortCol: null, sortDesc: true, filter: "",
-    selected: new Set(), charted: [],
+    selected: new Set(), charted: [], chartKey: "",
     scenario: {}, runs: [], algColors: {},
   };
   window.ccscopeLive = state;
@@ -118,12 +118,15 @@
     const ids = chartedFlows();
     $("selection-note").textContent = state.selected.size ? "(selected in the table)"
       : `(the ${AUTO_FLOWS} busiest; tick flows in the table to choose)`;
-    const key = ids.join(",");
-    if (key !== state.charted.join(",")) {
+    // the legends name each flow by its algorithm too, which may change (setsockopt, or the page learning that
+    // ccscope's BPF program runs it): then the charts are made again
+    const key = ids.map((id) => `${id} ${shortName(state.flows[id].info)}`).join(",");
+    if (key !== state.chartKey) {
       for (const c of Object.values(charts)) c.destroy();
       charts = {};
       $("charts").replaceChildren();
       state.charted = ids;
+      state.chartKey = key;
       if (!ids.length) return;
       for (const spec of CHARTS) charts[spec.name] = makeFlowChart(spec, ids);
     }
