@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
+import functools
 import hashlib
 import json
+import os
 import re
 import socket
 import ssl
@@ -18,18 +21,23 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
+from cchelpers import require_cc_objects, start_user, stop_user
 from ccscope import loader
-from ccscope.flows import FlowFilter, FlowTable
+from ccscope.attribution import Attributor
+from ccscope.cc.provide import shown_names
+from ccscope.flows import FLOW_COLUMNS, FlowFilter, FlowTable
 from ccscope.live import hub as hubmod
 from ccscope.live import vendor
 from ccscope.live.app import LiveApp, table_rows, table_source
 from ccscope.live.hub import Hub, TooManyClients
 from ccscope.loader import ProbeOptions, TelemetryProbe
+from cgrouphelpers import Tree, cgroup_tree, kubepods_systemd, pod_logs
 from livehelpers import artifacts_dir, chromium, console_errors, require_browser, screenshot, wait_js
 from nethelpers import Link, Sink, connect, free_port, parse_metrics, run, wait_for, wait_port
 from prereqs import ROOT, require, require_bpf_object, require_root, require_tools
@@ -152,11 +160,15 @@ def test_daemon_page_charts_a_live_iperf3_flow(link: Link, tmp_path: Path) -> No
             gaps = driver.execute_script(
                 "const t = window.ccscopeLive.pushTimes; return t.slice(1).map((v, i) => v - t[i]);")
             assert len(gaps) >= 10 and statistics.median(gaps) <= 200, gaps
-            # the table row: the same columns as `ccscope flows`, with the threshold state of the alert
+            # the table row: the same columns as `ccscope flows` (process and cgroup: iperf3's, resolved by the
+            # page's own cgroup resolver as the daemon has no --labels), with the threshold state of the alert
             header = driver.execute_script(
                 "return [...document.querySelectorAll('#flows thead th')].map((th) => th.textContent);")
-            assert header[1:13] == ["FLOW", "NETNS", "CC", "STATE", "CWND", "SSTHR", "SRTT", "MINRTT", "DELIVERY",
-                                    "PACING", "BYTES", "RETRANS"] and header[13] == "BUFFERBLOAT"
+            assert header[1:] == ["FLOW", "NETNS", "CC", "STATE", "CWND", "SSTHR", "SRTT", "MINRTT", "DELIVERY",
+                                  "PACING", "BYTES", "RETRANS", "COMM", "CGROUP/POD", "BUFFERBLOAT"]
+            cells = driver.execute_script(f"""return [...document.querySelectorAll(
+                '#flows tr[data-id="{charted}"] td[data-col]')].map((td) => td.textContent);""")
+            assert cells[2] == "cubic" and cells[12] == "iperf3" and cells[13].startswith(("/", "…"))
             bloat = driver.execute_script(
                 f"return document.querySelector('#flows tr[data-id=\"{charted}\"] td[data-bloat]').dataset.bloat;")
             assert bloat in ("ok", "over", "alert")
@@ -171,6 +183,67 @@ def test_daemon_page_charts_a_live_iperf3_flow(link: Link, tmp_path: Path) -> No
     finally:
         for proc in (client, server):
             if proc is not None:
+                proc.kill()
+                proc.wait()
+
+
+def test_daemon_page_names_the_bpf_algorithm_the_process_and_the_pod(link: Link, tmp_path: Path) -> None:
+    """A Vegas iperf3 flow from a process in a pod's container cgroup (named as kubelet and containerd name them):
+    the page's legends and table say `vegas (BPF)` where ccscope's program runs it, and the table names the
+    process (COMM) and the pod (CGROUP/POD), as `ccscope flows` does, with a daemon that has no --labels."""
+    require_root()
+    pod_uid, container = str(uuid.uuid4()), uuid.uuid4().hex * 2
+    logs = pod_logs(tmp_path, "shop", "checkout-7d9f", pod_uid)
+    port, iperf_port = free_port(), free_port()
+    link.shape(rate=f"{LINK_RATE_MBPS}mbit", burst="32kb", limit="96kb")
+    server = link.popen(link.b, "iperf3", "-s", "-1", "-p", str(iperf_port), stdout=subprocess.DEVNULL)
+    client = None
+    argv = _cli("daemon", "--listen", f"127.0.0.1:{port}", "--netns", str(link.inode_a), "--pod-logs", str(logs))
+    try:
+        with _bpf_vegas() as vegas, cgroup_tree() as tree, _process(argv, "serving"), chromium() as driver:
+            cgroup = tree.cgroup(kubepods_systemd(pod_uid, container))
+            wait_port(iperf_port, link.b)
+            # into the cgroup first, then into the namespace (`ip netns exec` mounts a /sys without the cgroups)
+            client = subprocess.Popen(Tree.command(cgroup, "ip", "netns", "exec", link.a, "iperf3", "-c", link.addr_b,
+                                                   "-p", str(iperf_port), "-t", "15", "-C", "vegas"),
+                                      stdout=subprocess.DEVNULL)
+            local_port = _data_connection_port(link, iperf_port)
+            driver.get(f"http://127.0.0.1:{port}/")
+            charted = wait_js(driver, f"""(() => {{
+                const s = window.ccscopeLive;
+                const id = Object.keys(s.flows).find((k) => s.flows[k].info.sport === {local_port});
+                const row = id && document.querySelector(`#flows tr[data-id="${{id}}"]`);
+                return id && row && s.charted.includes(id) && s.flows[id].info.cc === {json.dumps(vegas)}
+                  && row.querySelector('td[data-col="CGROUP/POD"]') ? id : null; }})()""", timeout=15)
+            assert charted, driver.execute_script("return [window.ccscopeLive.flows, window.ccscopeLive.table];")
+            row = driver.execute_script(f"""return Object.fromEntries([...document.querySelectorAll(
+                '#flows tr[data-id="{charted}"] td[data-col]')].map((td) => [td.dataset.col, [td.textContent,
+                td.className]]));""")
+            assert row["CC"][0] == vegas
+            assert row["COMM"] == ["iperf3", ""] and row["CGROUP/POD"] == ["shop/checkout-7d9f", ""]  # text: left
+            assert row["CWND"][1] == "n"
+            header = driver.execute_script(
+                "return [...document.querySelectorAll('#flows thead th')].map((th) => th.textContent);")
+            assert header[-3:] == ["COMM", "CGROUP/POD", "BUFFERBLOAT"]
+            # the legends of the charts: algorithm and flow
+            legends = driver.execute_script(
+                "return [...document.querySelectorAll('#charts .u-legend .u-label')].map((l) => l.textContent);")
+            name = f"{vegas} {link.addr_a}:{local_port}->{link.addr_b}:{iperf_port}"
+            assert name in legends, legends
+            # sorting by a column that comes and goes follows it by its title
+            driver.execute_script("[...document.querySelectorAll('#flows thead th')]"
+                                  ".find((th) => th.textContent === 'COMM').click();")
+            assert driver.execute_script("return document.querySelector('#flows th[data-sort=\"asc\"]')"
+                                         ".textContent;") == "COMM"
+            # the wider table scrolls in its box, the page does not
+            assert driver.execute_script("const e = document.documentElement; return e.scrollWidth <= e.clientWidth;")
+            screenshot(driver, artifacts_dir(tmp_path), "live-daemon-names.png")
+            assert console_errors(driver) == []
+            client.kill()
+            client.wait()
+    finally:
+        for proc in (client, server):
+            if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.wait()
 
@@ -307,6 +380,11 @@ def test_scenario_page_shows_the_run_in_progress_over_finished_runs(tmp_path: Pa
                     r"( \(finished\))?")
         assert re.fullmatch(label_re, label), label
         planned = driver.execute_script("return window.ccscopeLive.scenario.algorithms;")
+        # the table of the run's flows: iperf3's, named by process; no cgroup resolver in a scenario: no CGROUP/POD
+        table = wait_js(driver, "window.ccscopeLive.table.rows.length ? window.ccscopeLive.table : null", timeout=30)
+        assert table and "CGROUP/POD" not in table["columns"], table
+        comm = table["columns"].index("COMM")
+        assert {r["cells"][comm] for r in table["rows"]} == {"iperf3"}, table
         # a run in progress drawn over finished runs of its profile, its curve growing
         overlaid = "Number(document.body.dataset.currentOverlaid) >= 1 && Number(document.body.dataset.currentPoints)"
         first = wait_js(driver, f"{overlaid} >= 20 && Number(document.body.dataset.currentPoints)", timeout=60)
@@ -446,6 +524,83 @@ def test_the_table_and_a_scrape_read_the_flow_map_at_once() -> None:
     finally:
         for sock in socks:
             sock.close()
+
+
+# --- what the table names: ccscope's BPF algorithms, processes, cgroups -----------------------------------------------
+
+
+@contextlib.contextmanager
+def _bpf_vegas() -> Iterator[str]:
+    """Vegas as a scenario gets it (the kernel's module, else ccscope's BPF program registered as `vegas`, shared
+    with any other user on the host); yields the name the page must show for it."""
+    require_cc_objects()
+    user, line = start_user(dict(os.environ), "vegas")
+    try:
+        yield "vegas (BPF)" if line == "vegas=bpf" else "vegas"
+    finally:
+        stop_user(user)
+
+
+def _own_cgroup() -> str:
+    return next(line[3:] for line in Path("/proc/self/cgroup").read_text().splitlines() if line.startswith("0::"))
+
+
+def test_the_table_names_bpf_algorithms_processes_and_cgroups(tmp_path: Path) -> None:
+    """The table of the daemon's page, from a real probe: a Vegas flow says `vegas (BPF)` where ccscope's program
+    runs it (the registrations on the host, as `ccscope cc list` shows them), and COMM and CGROUP/POD are there
+    when the flows name a process and a cgroup resolver is at hand, not otherwise."""
+    require_root()
+    require_bpf_object()
+    sink_port = free_port()
+    sink = Sink(socket.AF_INET, "127.0.0.1", sink_port)
+    sender = None
+    try:
+        with _bpf_vegas() as vegas, TelemetryProbe(ProbeOptions()) as probe:
+            sender = connect(socket.AF_INET, "127.0.0.1", sink_port, cc="vegas")
+            sender.sendall(b"x" * 100_000)
+            source = table_source(probe, lambda: FlowFilter(ports={sink_port}))
+            assert wait_for(lambda: source()[1] == 2, timeout=10), "the flows never reached the flow map"
+            attributor = Attributor.open(None, str(tmp_path / "no-pods"))
+            hub = Hub(table_source=source, table_rows=functools.partial(table_rows, attributor=attributor),
+                      cc_names=shown_names)
+            try:
+                page = hub.connect()
+                table = wait_for(lambda: _last_table(page), timeout=10)
+            finally:
+                hub.close()
+                attributor.close()
+            assert table, "no table pushed"
+            titles = [c.title for c in FLOW_COLUMNS]
+            assert table["columns"] == [*titles, "COMM", "CGROUP/POD"]
+            assert table["numeric"] == [c.spec[0] == ">" for c in FLOW_COLUMNS] + [False, False]
+            rows = [dict(zip(table["columns"], r["cells"], strict=True)) for r in table["rows"]]
+            [client] = [r for r in rows if r["FLOW"].endswith(f"->127.0.0.1:{sink_port}")]
+            [accepted] = [r for r in rows if r is not client]
+            assert client["CC"] == vegas  # the accepted side runs the listener's (the host's default) algorithm
+            assert accepted["CC"] == probe_default_cc()
+            comm = Path("/proc/self/comm").read_text().strip()
+            cgroup = _own_cgroup()
+            for row in (client, accepted):  # both sockets are this process's: it connected and it listened
+                assert row["COMM"] == comm
+                assert row["CGROUP/POD"] == cgroup or row["CGROUP/POD"][1:] == cgroup[-35:]
+            # no cgroup resolver (a scenario's page): no CGROUP/POD column; no process known: no COMM either
+            bare = table_rows(source())
+            assert bare["columns"] == [*titles, "COMM"]
+            nameless = [dataclasses.replace(f, comm="") for f in source()[0]]
+            assert table_rows((nameless, 2))["columns"] == titles
+    finally:
+        if sender is not None:
+            sender.close()
+        sink.close()
+
+
+def probe_default_cc() -> str:
+    return Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
+
+
+def _last_table(client) -> dict | None:
+    tables = [m for m in client.take(0.2) if m.startswith(b"event: table\n")]
+    return json.loads(tables[-1].split(b"data: ", 1)[1]) if tables else None
 
 
 # --- the vendored chart library ------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import os
@@ -184,7 +185,12 @@ def cmd_daemon(args: argparse.Namespace) -> int:
                                   attributor if labels.needs_cgroups else None)
         registry = CollectorRegistry()
         registry.register(collector)
-        live = _live_page(probe, flow_filter, options.sample_interval_ns) if not args.no_live else None
+        live = None
+        if not args.no_live:
+            # the page's table names the process and the pod or cgroup as `ccscope flows` does: with the daemon's
+            # cgroup resolver, else with one of its own where cgroup v2 is there
+            live = _live_page(probe, flow_filter, options.sample_interval_ns, attributor or _attributor(args, False),
+                              own_attributor=attributor is None, grace_s=grace)
         try:
             if live:
                 registry.register(LiveCollector(live[0].hub))
@@ -218,23 +224,31 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     return 0
 
 
-def _live_page(probe, flow_filter: FlowFilter, sample_interval_ns: int):
-    hub = Hub(flow_filter=flow_filter, table_rows=table_rows, table_source=table_source(probe, lambda: flow_filter),
-              cc_names=shown_names)
+def _live_page(probe, flow_filter: FlowFilter, sample_interval_ns: int, attributor: Attributor | None,
+               own_attributor: bool, grace_s: float):
+    """The page's app and sample feed, and the cgroup resolver it owns (None when it shares the daemon's)."""
+    own = attributor if own_attributor else None
+    hub = Hub(flow_filter=flow_filter, table_rows=functools.partial(table_rows, attributor=attributor),
+              table_source=table_source(probe, lambda: flow_filter, own, grace_s), cc_names=shown_names)
     try:
         app = LiveApp(hub)
     except Exception:
         hub.close()
+        if own:
+            own.close()
         raise
     feed = SampleFeed(probe, hub, sample_interval_ns)
     hub.on_clients = feed.clients_changed
-    return app, feed
+    return app, feed, own
 
 
 def _close_live(live) -> None:
     if live:
-        live[0].hub.close()
-        live[1].close()
+        app, feed, own = live
+        app.hub.close()  # returns once no table read is in progress
+        feed.close()
+        if own:
+            own.close()
 
 
 # --- flows -----------------------------------------------------------------------------------------
