@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import os
@@ -19,17 +20,18 @@ import orjson
 from prometheus_client import CollectorRegistry
 
 from . import __version__, check
-from .attribution import UNATTRIBUTED, Attribution, Attributor, LabelOptions
+from .attribution import UNATTRIBUTED, Attributor, LabelOptions
 from .bpf_types import EVENT_NAMES, Counter
+from .cc.provide import shown_names
 from .errors import CcscopeError, PrerequisiteError, UsageError
 from .exporter import FlowCollector
 from .flows import (
     FLOW_COLUMNS,
-    Column,
     FlowFilter,
     FlowRecord,
     FlowSelection,
     FlowTable,
+    attribution_columns,
     monotonic_ns,
     record_fields,
     with_derived,
@@ -183,7 +185,12 @@ def cmd_daemon(args: argparse.Namespace) -> int:
                                   attributor if labels.needs_cgroups else None)
         registry = CollectorRegistry()
         registry.register(collector)
-        live = _live_page(probe, flow_filter, options.sample_interval_ns) if not args.no_live else None
+        live = None
+        if not args.no_live:
+            # the page's table names the process and the pod or cgroup as `ccscope flows` does: with the daemon's
+            # cgroup resolver, else with one of its own where cgroup v2 is there
+            live = _live_page(probe, flow_filter, options.sample_interval_ns, attributor or _attributor(args, False),
+                              own_attributor=attributor is None, grace_s=grace)
         try:
             if live:
                 registry.register(LiveCollector(live[0].hub))
@@ -217,47 +224,34 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     return 0
 
 
-def _live_page(probe, flow_filter: FlowFilter, sample_interval_ns: int):
-    hub = Hub(flow_filter=flow_filter, table_rows=table_rows, table_source=table_source(probe, lambda: flow_filter))
+def _live_page(probe, flow_filter: FlowFilter, sample_interval_ns: int, attributor: Attributor | None,
+               own_attributor: bool, grace_s: float):
+    """The page's app and sample feed, and the cgroup resolver it owns (None when it shares the daemon's)."""
+    own = attributor if own_attributor else None
+    hub = Hub(flow_filter=flow_filter, table_rows=functools.partial(table_rows, attributor=attributor),
+              table_source=table_source(probe, lambda: flow_filter, own, grace_s), cc_names=shown_names)
     try:
         app = LiveApp(hub)
     except Exception:
         hub.close()
+        if own:
+            own.close()
         raise
     feed = SampleFeed(probe, hub, sample_interval_ns)
     hub.on_clients = feed.clients_changed
-    return app, feed
+    return app, feed, own
 
 
 def _close_live(live) -> None:
     if live:
-        live[0].hub.close()
-        live[1].close()
+        app, feed, own = live
+        app.hub.close()  # returns once no table read is in progress
+        feed.close()
+        if own:
+            own.close()
 
 
 # --- flows -----------------------------------------------------------------------------------------
-
-
-def _fit(text: str, width: int) -> str:
-    """Long cgroup paths keep their informative end."""
-    return text if len(text) <= width else "…" + text[-(width - 1):]
-
-
-def _workload(attribution: Attribution) -> str:
-    if attribution.pod:
-        return _fit(f"{attribution.namespace}/{attribution.pod}", 36)
-    return _fit(attribution.cgroup, 36) if attribution.cgroup else "-"
-
-
-def attribution_columns(attributor: Attributor | None) -> tuple[Column, ...]:
-    """The columns `ccscope flows` adds to FLOW_COLUMNS: the process, and the pod or else the cgroup (these
-    need the cgroup resolver, which the live page's table does without)."""
-
-    def workload(flow: FlowRecord) -> str:
-        return _workload(attributor(flow.cgroup_id)) if attributor else "-"
-
-    return (Column("COMM", "<15", lambda f: f.comm or "-", lambda f: f.comm),
-            Column("CGROUP/POD", "<36", workload, workload))
 
 
 def format_flows(flows: list[FlowRecord], attributor: Attributor | None = None) -> str:

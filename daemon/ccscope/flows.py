@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from . import bpf_types as bt
+from .attribution import Attribution, Attributor
 from .errors import UsageError
 from .flowscan import FlowColumns
 
@@ -415,3 +416,28 @@ FLOW_COLUMNS: tuple[Column, ...] = (
     Column("BYTES", ">7", lambda f: format_bytes(f.bytes_total), lambda f: f.bytes_total),
     Column("RETRANS", ">7", lambda f: str(f.retransmits), lambda f: f.retransmits),
 )
+
+
+UNKNOWN = "-"  # the text of an attribution column where the flow's process or cgroup is not known
+
+
+def _fit(text: str, width: int) -> str:
+    """Long cgroup paths keep their informative end."""
+    return text if len(text) <= width else "…" + text[-(width - 1):]
+
+
+def _workload(attribution: Attribution) -> str:
+    if attribution.pod:
+        return _fit(f"{attribution.namespace}/{attribution.pod}", 36)
+    return _fit(attribution.cgroup, 36) if attribution.cgroup else UNKNOWN
+
+
+def attribution_columns(attributor: Attributor | None) -> tuple[Column, ...]:
+    """The columns `ccscope flows` and the live page's table add to FLOW_COLUMNS: the process, and the pod or
+    else the cgroup (UNKNOWN without a cgroup resolver)."""
+
+    def workload(flow: FlowRecord) -> str:
+        return _workload(attributor(flow.cgroup_id)) if attributor else UNKNOWN
+
+    return (Column("COMM", "<15", lambda f: f.comm or UNKNOWN, lambda f: f.comm),
+            Column("CGROUP/POD", "<36", workload, workload))

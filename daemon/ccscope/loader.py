@@ -6,6 +6,7 @@ import array
 import ctypes
 import errno
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
@@ -114,6 +115,9 @@ class TelemetryProbe:
         self._maps: dict[str, int] = {}
         self._ncpus = 1
         self._batch: tuple | None = None  # key and value buffers of read_flow_columns, kept between scrapes
+        # One reader of the buffers at a time: the scrape and the live page's table read the map from different
+        # threads, and the kernel fills the buffers outside the GIL (two readers got each other's batches).
+        self._batch_lock = threading.Lock()
         self.seeded = False  # whether owners of sockets older than the probe were looked up
 
     def __enter__(self) -> TelemetryProbe:
@@ -258,7 +262,11 @@ class TelemetryProbe:
         return [columns.raw(i) for i in range(len(columns))]
 
     def read_flow_columns(self) -> FlowColumns:
-        """All tracked flows in one buffer, read in batches (one syscall per BATCH flows)."""
+        """All tracked flows in one buffer, read in batches (one syscall per BATCH flows); thread-safe."""
+        with self._batch_lock:
+            return self._read_flow_columns()
+
+    def _read_flow_columns(self) -> FlowColumns:
         lib, fd = self.libbpf.lib, self._maps["flows"]
         if self._batch is None:
             self._batch = ((ctypes.c_uint64 * BATCH)(), (bt.Flow * BATCH)())

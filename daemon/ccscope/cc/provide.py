@@ -31,6 +31,13 @@ def kernel_algorithms() -> set[str]:
     return algorithms.available_algorithms() - set(registry.registrations())
 
 
+def shown_names() -> dict[str, str]:
+    """How legends and tables name the algorithms ccscope runs as BPF programs on this host now (kernel name ->
+    `vegas (BPF)`, display_name()); for observers of every flow (the daemon's live page) that have no
+    scenario's Implementations to go by."""
+    return {name: catalog.display_name(name, "bpf") for name in registry.current()}
+
+
 def providable() -> set[str]:
     """Every name a scenario may ask for here: the kernel's, plus ccscope's BPF ones where struct_ops works."""
     names = kernel_algorithms()

@@ -92,6 +92,12 @@ def registrations() -> dict[str, Registration]:
         return regs
 
 
+def current() -> dict[str, Registration]:
+    """The registrations in place now, for observers (the daemon's live page): read without the lock and
+    without writing, so that they neither wait for a run's state changes nor change the state directory."""
+    return {name: reg for name, reg in _load().items() if structops.is_registered(reg.map_id, name)}
+
+
 def owned(name: str) -> bool:
     """Is kernel name `name` currently registered by ccscope?"""
     return name in registrations()

@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from ccscope.attribution import Attributor
 from ccscope.errors import PrerequisiteError
-from ccscope.flows import FLOW_COLUMNS, FlowFilter, FlowRecord, decode
+from ccscope.flows import FLOW_COLUMNS, UNKNOWN, FlowFilter, FlowRecord, attribution_columns, decode
 from ccscope.web.server import HttpServer, Request, Response, Route, Stream
 
 from . import vendor
@@ -41,12 +42,18 @@ def static_files() -> dict[str, Path]:
     return files
 
 
-def table_source(probe, flow_filter: Callable[[], FlowFilter]) -> Callable[[], tuple[list[FlowRecord], int]]:
+def table_source(probe, flow_filter: Callable[[], FlowFilter], attributor: Attributor | None = None,
+                 grace_s: float = 0.0) -> Callable[[], tuple[list[FlowRecord], int]]:
     """Reads the kernel flow map for the table by columns: the filters (FlowFilter.select) and the top TABLE_ROWS
-    by bytes are applied to the columns, so only the rows shown are decoded."""
+    by bytes are applied to the columns, so only the rows shown are decoded. `attributor`: a cgroup resolver the
+    page has to itself, kept small here as the exporter keeps its own: cgroups deleted longer than grace_s ago
+    that no flow in the map refers to are forgotten."""
 
     def read() -> tuple[list[FlowRecord], int]:
         columns = probe.read_flow_columns()
+        if attributor:
+            attributor.refresh()
+            attributor.expired(grace_s, set(columns.column("cgroup_id")))
         chosen = flow_filter().select(columns, range(len(columns)))
         acked, received = columns.column("bytes_acked"), columns.column("bytes_received")
         busiest = heapq.nlargest(TABLE_ROWS, chosen, key=lambda i: acked[i] + received[i])
@@ -55,15 +62,19 @@ def table_source(probe, flow_filter: Callable[[], FlowFilter]) -> Callable[[], t
     return read
 
 
-def table_rows(source: tuple[list[FlowRecord], int]) -> dict:
-    """The `ccscope flows` columns, as text and as sort keys."""
+def table_rows(source: tuple[list[FlowRecord], int], attributor: Attributor | None = None) -> dict:
+    """The `ccscope flows` columns, as text, as sort keys and whether numeric (right-aligned there); COMM and
+    CGROUP/POD only while some flow has a process, or a cgroup `attributor` resolves."""
     flows, total = source
-    return {"columns": [c.title for c in FLOW_COLUMNS], "total": total,
-            "rows": [{"id": str(f.cookie), "cells": [c.text(f) for c in FLOW_COLUMNS],
-                      "keys": [c.key(f) for c in FLOW_COLUMNS], "closed": bool(f.closed_ns),
-                      "queueing_delay_ms": round(f.queueing_delay_s * 1e3, 2),
+    columns = (*FLOW_COLUMNS, *attribution_columns(attributor))
+    texts = [[c.text(f) for c in columns] for f in flows]
+    shown = [i for i in range(len(columns)) if i < len(FLOW_COLUMNS) or any(t[i] != UNKNOWN for t in texts)]
+    return {"columns": [columns[i].title for i in shown], "numeric": [columns[i].spec[0] == ">" for i in shown],
+            "total": total,
+            "rows": [{"id": str(f.cookie), "cells": [t[i] for i in shown], "keys": [columns[i].key(f) for i in shown],
+                      "closed": bool(f.closed_ns), "queueing_delay_ms": round(f.queueing_delay_s * 1e3, 2),
                       "ratio": round(f.srtt_s / f.min_rtt_s, 2) if f.min_rtt_s else None}
-                     for f in flows]}
+                     for f, t in zip(flows, texts, strict=True)]}
 
 
 @dataclass

@@ -12,6 +12,7 @@ MAX_FLOWS x RING_POINTS points, MAX_CLIENTS x CLIENT_QUEUE messages, and MAX_RUN
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import operator
@@ -45,6 +46,7 @@ MAX_SKIPPED = 65536
 SKIPPED_CLEAR_S = 10.0      # flows refused a ring (or by the filter) are looked at again this often
 CLOSED_ROW_S = 5.0          # a closed flow's row stays in the table this long (as the scenario's flow table)
 CLOSED_KEEP_S = 60.0        # a closed flow's ring stays this long (the page can still look at it)
+CC_NAMES_INTERVAL_S = 2.0   # how often the daemon's page looks again at which algorithms ccscope's BPF runs
 
 _HEAD = struct.Struct("=QQQQ")  # struct flow's first fields: cookie, first_ns, last_ns, closed_ns
 # What a point needs of struct flow, in struct order; one unpack of these is ~4x cheaper than the whole struct.
@@ -77,6 +79,7 @@ _point_of = operator.attrgetter(*POINT_FIELDS)
 
 
 TableSource = Callable[[], tuple[list[FlowRecord], int]]
+CcNames = Callable[[], dict[str, str]]  # kernel name -> the name the page shows: "vegas (BPF)" (cc.display_name)
 
 
 class TooManyClients(Exception):
@@ -101,6 +104,7 @@ class FlowRing:
     last_ns: int = 0
     new: int = 0                  # points kept since the last push
     ca_name: bytes = b""
+    cc: str = ""                  # the kernel's name of the algorithm (the page may show another: refresh_info)
     bytes: int = 0
     sk_state: int = 0
     closed_ns: int = 0
@@ -135,14 +139,14 @@ class FlowRing:
         self.bytes, self.sk_state, self.closed_ns, self.over, self.wall = total, sk_state, closed_ns, over, wall
         if ca_name != self.ca_name:
             self.ca_name = ca_name
-            self.info["cc"] = ca_name.split(b"\0", 1)[0].decode(errors="replace") or "unknown"
+            self.cc = ca_name.split(b"\0", 1)[0].decode(errors="replace") or "unknown"
 
-    def refresh_info(self) -> dict:
-        """The slowly changing part, sent once a second (not with every push)."""
+    def refresh_info(self, cc_names: dict[str, str]) -> dict:
+        """The slowly changing part, sent once a second (not with every push); the algorithm as the page names it."""
         over_for = self.wall - self.bloat_since if self.over and self.bloat_since is not None else 0.0
-        self.info.update(state=TCP_STATES.get(self.sk_state, str(self.sk_state)), bytes=self.bytes,
-                         closed=bool(self.closed_ns), bloat=self.over, bloat_for_s=round(over_for, 1),
-                         bloat_alert=over_for >= BLOAT_FOR_S)
+        self.info.update(cc=cc_names.get(self.cc, self.cc), state=TCP_STATES.get(self.sk_state, str(self.sk_state)),
+                         bytes=self.bytes, closed=bool(self.closed_ns), bloat=self.over,
+                         bloat_for_s=round(over_for, 1), bloat_alert=over_for >= BLOAT_FOR_S)
         return self.info
 
     def take_new(self) -> list[str]:
@@ -194,12 +198,21 @@ class Hub:
 
     def __init__(self, *, flow_filter: FlowFilter | None = None, table_source: TableSource | None = None,
                  table_rows: Callable[[tuple[list[FlowRecord], int]], dict] | None = None,
-                 on_clients: Callable[[int], None] | None = None, mode: str = "daemon") -> None:
-        """table_source() gives the kernel map's flows for the table (the shown ones, and how many matched)."""
+                 on_clients: Callable[[int], None] | None = None, mode: str = "daemon",
+                 cc_names: CcNames | None = None) -> None:
+        """table_source() gives the kernel map's flows for the table (the shown ones, and how many matched);
+        cc_names(), asked every CC_NAMES_INTERVAL_S while a page is open, how to name algorithms (set_cc_names()
+        sets them once instead)."""
         self.flow_filter = flow_filter or FlowFilter()
         self.mode = mode
-        self.table_source = table_source
+        self.table_source = table_source  # replace it with set_table_source() while the hub runs
+        self._reading = threading.Lock()  # held while table_source() reads the probe
         self._table_rows = table_rows or (lambda flows: {})
+        self.cc_names = cc_names
+        self._cc_names: dict[str, str] = {}
+        self._cc_names_at = float("-inf")
+        self._cc_names_failed = False
+        self._planned: list[str] = []  # the scenario's algorithm sets, as the kernel names them
         self.on_clients = on_clients
         self._lock = threading.Lock()
         self._rings: dict[int, FlowRing] = {}
@@ -287,7 +300,7 @@ class Hub:
                 return None
             del self._rings[oldest.cookie]
         ring = FlowRing(flow.cookie, {"id": str(flow.cookie), "flow": flow.name, "netns": flow.netns,
-                                      "cc": flow.cc, "sport": flow.sport, "dport": flow.dport,
+                                      "cc": self.cc_name(flow.cc), "sport": flow.sport, "dport": flow.dport,
                                       "run": self._run_label})
         self._rings[flow.cookie] = ring
         if self._run_label is not None:
@@ -297,8 +310,11 @@ class Hub:
     # --- scenario ------------------------------------------------------------------------------------
 
     def scenario_plan(self, name: str, profiles: list[str], algorithms: list[str], total: int) -> None:
-        self._scenario_update("plan", {"scenario": name, "profiles": profiles, "algorithms": algorithms,
-                                       "total": total})
+        """`algorithms`: the algorithm sets as the kernel names them (cubic+bbr); the page gets them as it names
+        them, again when set_cc_names() tells it more."""
+        self._planned = list(algorithms)
+        self._scenario_update("plan", {"scenario": name, "profiles": profiles, "total": total,
+                                       "algorithms": [self.mix_name(a) for a in algorithms]})
 
     def scenario_event(self, kind: str, data: dict) -> None:
         """From the scenario's progress: `note`, `run` (one starts), `progress`, `done` (one finished)."""
@@ -309,6 +325,8 @@ class Hub:
             self._progress_at = now
         if kind == "run":
             data = {**data, "t0": round(time.time(), 3), "elapsed_s": 0.0}
+            if "algorithm" in data:
+                data["algorithm"] = self.mix_name(data["algorithm"])
             self._run_label, self._run_t0, self._run_cookies = data["label"], data["t0"], []
         if kind == "done":
             finished = {**data, "profile": self.scenario.get("profile"), "repetition": self.scenario.get("repetition"),
@@ -339,13 +357,51 @@ class Hub:
             if not ring.points or ring.bytes < 0.1 * most:
                 continue
             points = thin((json.loads(p) for p in ring.points), RUN_CURVE_POINTS)
-            curves.append({"cc": ring.info["cc"], "flow": ring.info["flow"],
+            curves.append({"cc": self.cc_name(ring.cc), "flow": ring.info["flow"],
                            "t": [round(p[0] - self._run_t0, 3) for p in points], "cwnd": [p[1] for p in points]})
         return curves
+
+    # --- algorithm names -------------------------------------------------------------------------------
+
+    def set_cc_names(self, names: dict[str, str]) -> None:
+        """Kernel name -> the name the page shows (a scenario's implementations: `vegas (BPF)` where ccscope's
+        BPF program runs, cc.display_name); the flows, the table and the plan follow."""
+        self._cc_names = dict(names)
+        if self._planned:
+            self._scenario_update(self.scenario.get("phase", "plan"),
+                                  {"algorithms": [self.mix_name(a) for a in self._planned]})
+
+    def cc_name(self, name: str) -> str:
+        return self._cc_names.get(name, name)
+
+    def mix_name(self, label: str) -> str:
+        """An algorithm set's label (cubic+vegas) with each name as the page shows it."""
+        return "+".join(self.cc_name(name) for name in label.split("+"))
+
+    def _refresh_cc_names(self, now: float) -> None:
+        if self.cc_names is None or now - self._cc_names_at < CC_NAMES_INTERVAL_S:
+            return
+        self._cc_names_at = now
+        try:
+            self._cc_names = self.cc_names()
+        except Exception as exc:  # the names stay as they were; said once
+            if not self._cc_names_failed:
+                print(f"ccscope: live page: cannot tell which algorithms are ccscope's BPF ones: "
+                      f"{type(exc).__name__}: {exc}", file=sys.stderr)
+            self._cc_names_failed = True
+
+    def _named(self, source: tuple[list[FlowRecord], int]) -> tuple[list[FlowRecord], int]:
+        """The table's flows with the algorithm as the page names it (the records of renamed ones copied)."""
+        flows, total = source
+        names = self._cc_names
+        if not names:
+            return source
+        return [dataclasses.replace(f, cc=names[f.cc]) if f.cc in names else f for f in flows], total
 
     # --- clients ---------------------------------------------------------------------------------------
 
     def connect(self) -> Client:
+        self._refresh_cc_names(time.monotonic())  # the first page names the algorithms right from its hello
         with self._lock:
             if len(self._clients) >= MAX_CLIENTS:
                 raise TooManyClients(f"{MAX_CLIENTS} live pages are open already")
@@ -371,7 +427,7 @@ class Hub:
 
     def _hello(self) -> bytes:
         """Everything a page needs when it (re)connects: the rings, the table, the scenario so far."""
-        flows = [{**r.refresh_info(), "points": f"[{','.join(r.points)}]"} for r in self._rings.values()]
+        flows = [{**r.refresh_info(self._cc_names), "points": f"[{','.join(r.points)}]"} for r in self._rings.values()]
         body = json.dumps({"mode": self.mode, "push_hz": PUSH_HZ, "ring_points": RING_POINTS,
                            "flows": [{k: v for k, v in f.items() if k != "points"} for f in flows],
                            "table": self._table, "scenario": self.scenario, "runs": list(self.runs),
@@ -394,20 +450,23 @@ class Hub:
                 continue
             try:
                 self.tick()
-            except Exception as exc:  # e.g. the map read racing the probe's close: the pages go on
+            except Exception as exc:  # e.g. a failed map read: the pages go on
                 print(f"ccscope: live page: {type(exc).__name__}: {exc}", file=sys.stderr)
 
     def tick(self) -> None:
         now = time.monotonic()
         slow = now - self._table_at >= TABLE_INTERVAL_S
+        if slow:
+            self._refresh_cc_names(now)
         with self._lock:
             self._expire(now)
             parts = []
             for ring in self._rings.values():
                 new = ring.take_new()
                 if new or (slow and ring.wall):
-                    info = f'"info":{json.dumps(ring.refresh_info(), separators=(",", ":"))},' if slow or \
-                        not ring.sent_info else ""
+                    info = ""
+                    if slow or not ring.sent_info:
+                        info = f'"info":{json.dumps(ring.refresh_info(self._cc_names), separators=(",", ":"))},'
                     ring.sent_info = True
                     parts.append(f'"{ring.cookie}":{{{info}"points":[{",".join(new)}]}}')
         if parts:
@@ -415,14 +474,22 @@ class Hub:
         if slow:
             self._table_at = now
             if self.table_source:
-                self._table = self._table_rows(self._read_table(now))
+                self._table = self._table_rows(self._named(self._read_table(now)))
                 self._send_all(event("table", self._table))
+
+    def set_table_source(self, source: TableSource | None) -> None:
+        """Replaces the table's source; waits for a read in progress, so that after set_table_source(None) nothing
+        reads the old source's probe and the probe may close (as FlowCollector.close() waits for a scrape)."""
+        with self._reading:
+            self.table_source = source
 
     def _read_table(self, now: float) -> tuple[list[FlowRecord], int]:
         """The kernel map's flows (re-read as often as its cost allows), with the sampled flows' rows replaced by
         their latest sample: the flows being charted stay current even when the map is read rarely."""
         if now - self._table_read_at >= self._table_every:
-            self._map_flows, self._map_total = self.table_source()
+            with self._reading:
+                source = self.table_source  # None once the probe is closing: the table keeps the sampled flows
+                self._map_flows, self._map_total = source() if source else ([], 0)
             took = time.monotonic() - now
             self._table_read_at = now
             # reading every flow of a busy host (10k flows: ~0.1 s) must not become the daemon's main work
@@ -448,8 +515,11 @@ class Hub:
                 self.updates_dropped += 1
 
     def close(self) -> None:
+        """Stops the pushes; returns once no table read is in progress (also when the broadcaster is still busy
+        after the join's timeout), so the caller may close the probe the table source reads."""
         self._stop.set()
         self._thread.join(timeout=2)
+        self.set_table_source(None)
         for client in list(self._clients.values()):
             client.put(event("bye", {}))
 

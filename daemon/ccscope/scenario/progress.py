@@ -13,7 +13,9 @@ Listener = Callable[[str, dict], None]
 class Progress:
     WIDTH = 30
 
-    def __init__(self, total_runs: int, planned_s: float, stream=None, listener: Listener | None = None) -> None:
+    def __init__(self, total_runs: int, planned_s: float, stream=None, listener: Listener | None = None,
+                 names: dict[str, str] | None = None) -> None:
+        """`names`: algorithm -> how the summary names it (`vegas (BPF)`), as the report does."""
         self.total = total_runs
         self.planned = planned_s
         self.stream = stream or sys.stderr
@@ -23,6 +25,7 @@ class Progress:
         self._last = 0.0
         self._started = time.monotonic()
         self._listener = listener or (lambda kind, data: None)
+        self._names = names or {}
 
     def note(self, text: str) -> None:
         self._write(f"ccscope: {text}")
@@ -49,7 +52,8 @@ class Progress:
 
     def done(self, record: dict) -> None:
         parts = []
-        for alg, per in record["per_algorithm"].items():
+        for name, per in record["per_algorithm"].items():
+            alg = self._names.get(name, name)
             if per["goodput_bps"] is not None:
                 p95 = per["srtt_ms"]["p95"]
                 parts.append(f"{alg} {per['goodput_bps'] / 1e6:.2f} Mbit/s, srtt p95 "

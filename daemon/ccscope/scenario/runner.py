@@ -198,7 +198,11 @@ def _run_missing(scenario: Scenario, units: list[Unit], doc: dict, store: Store,
     with provided(scenario.all_algorithms, f"scenario {scenario.name}") as implementations, \
             _telemetry(scenario, endpoint) as (recorder, collector):
         doc["implementations"] = {name: impl.as_dict() for name, impl in implementations.items()}
-        progress = Progress(len(units), planned_seconds(scenario), listener=endpoint and endpoint.hub.scenario_event)
+        names = {name: impl.display for name, impl in implementations.items()}  # as the report names them
+        if endpoint:
+            endpoint.hub.set_cc_names(names)
+        progress = Progress(len(units), planned_seconds(scenario), listener=endpoint and endpoint.hub.scenario_event,
+                            names=names)
         verified: set[str] = set(doc["emulation_checks"])
         for position, unit in todo:
             record = _run_unit(scenario, unit, position, out, recorder, collector, progress, options,
@@ -324,14 +328,14 @@ def _telemetry(scenario: Scenario, endpoint: Endpoint | None):
         collector = FlowCollector(table, FlowSelection("all"), FlowFilter(netns={0}))
         if endpoint:
             endpoint.registry.register(collector)
-            endpoint.hub.table_source = table_source(probe, lambda: collector.filter)
+            endpoint.hub.set_table_source(table_source(probe, lambda: collector.filter))
         recorder = Recorder(probe, listener=endpoint.hub.on_sample if endpoint else None)
         try:
             yield recorder, collector
         finally:
             recorder.close()
-            if endpoint:  # nothing reads the probe once it is closed
-                endpoint.hub.table_source = None
+            if endpoint:  # nothing reads the probe once it is closed: waits for a table read in progress
+                endpoint.hub.set_table_source(None)
                 endpoint.registry.unregister(collector)
             collector.close()
 

@@ -13,8 +13,8 @@
     mode: "daemon", ringPoints: 2400, bloat: { queueing_delay_s: 0.1, ratio: 3, for_s: 120 },
     flows: {},              // id -> {info, cols: [t[], cwnd[], srtt[], minrtt[], mbps[], retrans[]], received}
     pointsReceived: 0, messages: 0, pushTimes: [], chartUpdates: 0, dropped: 0, lagUntil: 0,
-    table: { columns: [], rows: [], total: 0 }, sortCol: null, sortDesc: true, filter: "",
-    selected: new Set(), charted: [],
+    table: { columns: [], numeric: [], rows: [], total: 0 }, sortBy: "BYTES", sortDesc: true, filter: "",
+    selected: new Set(), charted: [], chartKey: "",
     scenario: {}, runs: [], algColors: {},
   };
   window.ccscopeLive = state;
@@ -118,12 +118,15 @@
     const ids = chartedFlows();
     $("selection-note").textContent = state.selected.size ? "(selected in the table)"
       : `(the ${AUTO_FLOWS} busiest; tick flows in the table to choose)`;
-    const key = ids.join(",");
-    if (key !== state.charted.join(",")) {
+    // the legends name each flow by its algorithm too, which may change (setsockopt, or the page learning that
+    // ccscope's BPF program runs it): then the charts are made again
+    const key = ids.map((id) => `${id} ${shortName(state.flows[id].info)}`).join(",");
+    if (key !== state.chartKey) {
       for (const c of Object.values(charts)) c.destroy();
       charts = {};
       $("charts").replaceChildren();
       state.charted = ids;
+      state.chartKey = key;
       if (!ids.length) return;
       for (const spec of CHARTS) charts[spec.name] = makeFlowChart(spec, ids);
     }
@@ -167,8 +170,7 @@
   // --- flows table --------------------------------------------------------------------------------------
 
   function setTable(table) {
-    state.table = table && table.columns ? table : { columns: [], rows: [], total: 0 };
-    if (state.sortCol === null) state.sortCol = state.table.columns.indexOf("BYTES");
+    state.table = table && table.columns ? table : { columns: [], numeric: [], rows: [], total: 0 };
     renderTable();
   }
 
@@ -182,7 +184,8 @@
   }
 
   function renderTable() {
-    const { columns, rows, total } = state.table;
+    // columns come and go (COMM and CGROUP/POD while some flow has them): sorting follows a column by its title
+    const { columns, numeric, rows, total } = state.table;
     const thead = $("flows").tHead;
     if (thead.dataset.columns !== columns.join(",")) {
       thead.dataset.columns = columns.join(",");
@@ -191,10 +194,10 @@
       columns.forEach((title, i) => {
         const th = document.createElement("th");
         th.textContent = title;
-        th.dataset.col = i;
+        th.dataset.col = title;
         th.addEventListener("click", () => {
-          state.sortDesc = state.sortCol === i ? !state.sortDesc : i !== 0 && i !== 2 && i !== 3;
-          state.sortCol = i;
+          state.sortDesc = state.sortBy === title ? !state.sortDesc : numeric[i];  // numbers: largest first
+          state.sortBy = title;
           renderTable();
         });
         tr.append(th);
@@ -205,12 +208,12 @@
       thead.replaceChildren(tr);
     }
     for (const th of thead.querySelectorAll("th[data-col]")) {
-      th.dataset.sort = Number(th.dataset.col) === state.sortCol ? (state.sortDesc ? "desc" : "asc") : "";
+      th.dataset.sort = th.dataset.col === state.sortBy ? (state.sortDesc ? "desc" : "asc") : "";
     }
     const needle = state.filter.toLowerCase();
     const shown = rows.filter((r) => !needle || r.cells.join(" ").toLowerCase().includes(needle));
-    const c = state.sortCol;
-    if (c !== null && c >= 0) {
+    const c = columns.indexOf(state.sortBy);
+    if (c >= 0) {
       shown.sort((a, b) => {
         const x = a.keys[c], y = b.keys[c];
         const order = typeof x === "string" ? x.localeCompare(y) : x - y;
@@ -240,10 +243,12 @@
     });
     pick.append(box);
     tr.append(pick);
+    const { columns, numeric } = state.table;
     row.cells.forEach((text, i) => {
       const td = document.createElement("td");
       td.textContent = text;
-      if (i > 0 && i !== 2 && i !== 3) td.className = "n";
+      td.dataset.col = columns[i];
+      if (numeric[i]) td.className = "n";
       tr.append(td);
     });
     const [kind, text] = bloatState(row);
