@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ccscope.cc import registry
 from ccscope.emulation import state
 from pyroute2 import IPRoute
 
@@ -76,8 +77,15 @@ def foreign_live_namespaces() -> set[str]:
     return {ns for r in _foreign_live_runs() for ns in r.namespaces}
 
 
+def _foreign_registrations() -> set[str]:
+    """BPF congestion controls that another live process uses (a scenario, `ccscope cc load`)."""
+    me = os.getpid()
+    return {name for name, reg in registry.current().items() if any(u["pid"] != me for u in reg.live_users())}
+
+
 def _foreign_allowed() -> set[str]:
-    return {a for r in _foreign_live_runs() for a in r.allowed_added}
+    """Names other live processes added to tcp_allowed_congestion_control (or may add or remove meanwhile)."""
+    return {a for r in _foreign_live_runs() for a in r.allowed_added} | _foreign_registrations()
 
 
 def _state_files() -> set[str]:
@@ -93,6 +101,7 @@ class HostSnapshot:
     sysctls: dict[str, str]
     procs: set[int]
     state_files: set[str]
+    foreign_allowed: set[str]
 
     @classmethod
     def take(cls) -> HostSnapshot:
@@ -103,6 +112,7 @@ class HostSnapshot:
             sysctls={k: Path("/proc/sys", k).read_text().strip() for k in SYSCTLS},
             procs=_procs(),
             state_files=_state_files(),
+            foreign_allowed=_foreign_allowed(),
         )
 
     def assert_unchanged(self) -> None:
@@ -114,9 +124,9 @@ class HostSnapshot:
         assert after.qdiscs == self.qdiscs, f"init-ns qdiscs changed: {after.qdiscs ^ self.qdiscs}"
         assert after.iptables == self.iptables, "init-ns iptables rules changed"
         allowed = "net/ipv4/tcp_allowed_congestion_control"
-        foreign = _foreign_allowed()
+        foreign = self.foreign_allowed | after.foreign_allowed
         for key in SYSCTLS:
-            if key == allowed:  # a live foreign run may have added algorithms meanwhile
+            if key == allowed:  # a foreign run live before or after may have added or removed its algorithms
                 b, a = set(self.sysctls[key].split()) - foreign, set(after.sysctls[key].split()) - foreign
                 assert a == b, f"{key} changed: {self.sysctls[key]} -> {after.sysctls[key]}"
             else:
@@ -136,6 +146,8 @@ class HostSnapshot:
                      if not f.endswith(".json") or _ours_or_dead(state.RunState.load(state.state_dir() / f))}
         new_state = {f for f in new_state if (state.state_dir() / f).exists()}
         new_state -= {f"{r.run_id}.d" for r in _foreign_live_runs()}
+        if _foreign_registrations():  # shared by every process that registers an algorithm
+            new_state.discard(registry.FILENAME)
         assert not new_state, f"state files left behind: {sorted(new_state)}"
 
 
