@@ -458,31 +458,16 @@ static __always_inline __u64 socket_cookie(struct sock *sk)
 }
 
 /*
- * The body of tcp_probe, for `tp` the socket seen as a tcp_sock (NULL: not a full TCP socket; never so where
- * tcp_probe fires, in tcp_rcv_established()). Inlined into each of the two programs below.
+ * The rest of tcp_probe, once the gate lets an event through: a sample may be due. Not inlined: between samples
+ * tcp_probe then keeps a small stack frame and few registers (inlined, all of this made it save four
+ * callee-saved registers and move its stack to the per-CPU private one on every event).
  */
-static __always_inline int probe(struct sock *sk, struct tcp_sock *tp)
+static __noinline int sample(struct sock *sk, struct tcp_sock *tp, __u64 cookie, struct gate_slot *gate)
 {
-	__u64 cookie = socket_cookie(sk);
-	__u32 slot = cookie & (GATE_SLOTS - 1); /* cookies are sequential: recent sockets get distinct slots */
-	struct gate_slot *gate;
 	struct config *cfg;
 	struct flow *f;
 	__u64 now, interval_ns, mstamp_ns;
 	__u32 queue_us;
-
-	count(CCSCOPE_CNT_PROBE_EVENTS);
-	if (!tp)
-		return 0;
-	gate = bpf_map_lookup_elem(&gates, &slot);
-	if (!gate)
-		return 0;
-	/*
-	 * tcp_mstamp is the stack's own clock (us, CLOCK_MONOTONIC) as of the
-	 * socket's previous event: stale by at most one packet, and free to read.
-	 */
-	if (gate->cookie == cookie && tp->tcp_mstamp < gate->next_us)
-		return 0;
 
 	cfg = get_config();
 	if (!cfg)
@@ -516,6 +501,31 @@ static __always_inline int probe(struct sock *sk, struct tcp_sock *tp)
 	}
 	emit(f, CCSCOPE_EV_PROBE, cfg);
 	return 0;
+}
+
+/*
+ * The body of tcp_probe, for `tp` the socket seen as a tcp_sock (NULL: not a full TCP socket; never so where
+ * tcp_probe fires, in tcp_rcv_established()). Inlined into each of the two programs below.
+ */
+static __always_inline int probe(struct sock *sk, struct tcp_sock *tp)
+{
+	__u64 cookie = socket_cookie(sk);
+	__u32 slot = cookie & (GATE_SLOTS - 1); /* cookies are sequential: recent sockets get distinct slots */
+	struct gate_slot *gate;
+
+	count(CCSCOPE_CNT_PROBE_EVENTS);
+	if (!tp)
+		return 0;
+	gate = bpf_map_lookup_elem(&gates, &slot);
+	if (!gate)
+		return 0;
+	/*
+	 * tcp_mstamp is the stack's own clock (us, CLOCK_MONOTONIC) as of the
+	 * socket's previous event: stale by at most one packet, and free to read.
+	 */
+	if (gate->cookie == cookie && tp->tcp_mstamp < gate->next_us)
+		return 0;
+	return sample(sk, tp, cookie, gate);
 }
 
 /*
