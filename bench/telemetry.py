@@ -358,28 +358,31 @@ def bpf_object(path: Path | None) -> Iterator[None]:
 
 def bench_bpf_ns_against(seconds: float, rounds: int, other: Path, together: bool = False) -> Row:
     """Measure 2 for this checkout's BPF object and `other` (another build of it, e.g. the last commit's), in
-    interleaved rounds, beside the empty program: in each round a daemon with either object in turn, its tcp_probe
-    alone on the tracepoint; or with `together`, both daemons attached at once, so both programs run on the very
-    same events and the machine's noise hits them alike (the one attached second finds the socket's cache lines
-    that the first one read warm). The order alternates per round. Each one's own work as in 2 (tcp_probe minus
-    the empty program over the same events), and per round the difference, this minus other."""
+    interleaved rounds: in each round a daemon with either object in turn, its tcp_probe alone on the tracepoint; or
+    with `together`, both daemons attached at once, so both programs run on the very same events and the machine's
+    noise hits them alike (the one attached second finds the socket's cache lines that the first one read warm).
+    The order alternates per round. As in 2 the empty program is attached after the daemons (the first program on
+    the tracepoint also pays for its colder path), and each one's own work is tcp_probe minus the empty program over
+    the same events; per round the difference, this minus other."""
     per_round: list[tuple[float, float, int, int, float]] = []  # own ns this, other; events this, other; load
-    with netns("ab") as ns, iperf3_server(ns, 5407), bpf_stats_enabled(), empty_probe() as empty:
-        if not empty:
-            return Row("2ab. BPF ns per tcp_probe event, this object against another", "no data",
-                       "<= 100 ns in every round", None, "no empty program to compare with (clang missing)")
+    with netns("ab") as ns, iperf3_server(ns, 5407), bpf_stats_enabled():
         for i in range(rounds):
             order = ("this", "other") if i % 2 == 0 else ("other", "this")
             cost: dict[str, tuple[float, int]] = {}
             for group in ((order,) if together else ((order[0],), (order[1],))):
                 with contextlib.ExitStack() as stack:
-                    ids = dict(empty)
+                    ids = {}
                     for which in group:
                         with bpf_object(other if which == "other" else None):
                             running = stack.enter_context(daemon())
                         # the daemon loads one of the builds of tcp_probe (tcp_probe, tcp_probe_skc): whichever it is
                         ids.update({pid: which for pid, name in prog_ids(running.proc.pid).items()
                                     if name.startswith("tcp_probe")})
+                    empty = stack.enter_context(empty_probe())
+                    if not empty:
+                        return Row("2ab. BPF ns per tcp_probe event, this object against another", "no data",
+                                   "<= 100 ns in every round", None, "no empty program to compare with (no clang)")
+                    ids.update(empty)
                     before = prog_stats(ids)
                     iperf3(ns, 5407, seconds, "-P", "4")
                     after = prog_stats(ids)
@@ -394,9 +397,9 @@ def bench_bpf_ns_against(seconds: float, rounds: int, other: Path, together: boo
     return Row(f"2ab. BPF ns per tcp_probe event, own work: this object against {other.name}",
                f"{median_text(this, unit=' ns')} vs {median_text(that, unit=' ns')}; this - other "
                f"{median_text(diff, unit=' ns')}", "<= 100 ns in every round (this object)", max(this) <= 100,
-               f"{rounds} interleaved rounds of {seconds:g} s, iperf3 -P 4 on loopback, {how} alternating, beside the "
-               "empty program; per round (own ns this, other, this - other; events this, other; 1-min load "
-               "average): "
+               f"{rounds} interleaved rounds of {seconds:g} s, iperf3 -P 4 on loopback, {how} alternating, the empty "
+               "program attached after them; per round (own ns this, other, this - other; events this, other; "
+               "1-min load average): "
                + "; ".join(f"{a:.0f}, {b:.0f}, {a - b:+.0f}; {m}, {n}; {load:.2f}" for a, b, m, n, load in per_round)
                + f". The other object: {other}")
 
