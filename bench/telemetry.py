@@ -341,6 +341,69 @@ def bench_bpf_ns(seconds: float, rounds: int, daemon_args: tuple[str, ...] = ())
                max(own) <= 100, detail)
 
 
+@contextlib.contextmanager
+def bpf_object(path: Path | None) -> Iterator[None]:
+    """The daemons started inside load `path` (CCSCOPE_BPF_OBJECT); None: the object this checkout built."""
+    old = os.environ.get("CCSCOPE_BPF_OBJECT")
+    if path is not None:
+        os.environ["CCSCOPE_BPF_OBJECT"] = str(path)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("CCSCOPE_BPF_OBJECT", None)
+        else:
+            os.environ["CCSCOPE_BPF_OBJECT"] = old
+
+
+def bench_bpf_ns_against(seconds: float, rounds: int, other: Path, together: bool = False) -> Row:
+    """Measure 2 for this checkout's BPF object and `other` (another build of it, e.g. the last commit's), in
+    interleaved rounds: in each round a daemon with either object in turn, its tcp_probe alone on the tracepoint; or
+    with `together`, both daemons attached at once, so both programs run on the very same events and the machine's
+    noise hits them alike (the one attached second finds the socket's cache lines that the first one read warm).
+    The order alternates per round. As in 2 the empty program is attached after the daemons (the first program on
+    the tracepoint also pays for its colder path), and each one's own work is tcp_probe minus the empty program over
+    the same events; per round the difference, this minus other."""
+    per_round: list[tuple[float, float, int, int, float]] = []  # own ns this, other; events this, other; load
+    with netns("ab") as ns, iperf3_server(ns, 5407), bpf_stats_enabled():
+        for i in range(rounds):
+            order = ("this", "other") if i % 2 == 0 else ("other", "this")
+            cost: dict[str, tuple[float, int]] = {}
+            for group in ((order,) if together else ((order[0],), (order[1],))):
+                with contextlib.ExitStack() as stack:
+                    ids = {}
+                    for which in group:
+                        with bpf_object(other if which == "other" else None):
+                            running = stack.enter_context(daemon())
+                        # the daemon loads one of the builds of tcp_probe (tcp_probe, tcp_probe_skc): whichever it is
+                        ids.update({pid: which for pid, name in prog_ids(running.proc.pid).items()
+                                    if name.startswith("tcp_probe")})
+                    empty = stack.enter_context(empty_probe())
+                    if not empty:
+                        return Row("2ab. BPF ns per tcp_probe event, this object against another", "no data",
+                                   "<= 100 ns in every round", None, "no empty program to compare with (no clang)")
+                    ids.update(empty)
+                    before = prog_stats(ids)
+                    iperf3(ns, 5407, seconds, "-P", "4")
+                    after = prog_stats(ids)
+                per = {name: ((after[name][0] - before[name][0]) / max(1, after[name][1] - before[name][1]),
+                              after[name][1] - before[name][1]) for name in after}
+                cost.update({which: (per[which][0] - per["empty_probe"][0], per[which][1]) for which in group})
+            per_round.append((cost["this"][0], cost["other"][0], cost["this"][1], cost["other"][1],
+                              os.getloadavg()[0]))
+    this, that = [r[0] for r in per_round], [r[1] for r in per_round]
+    diff = [a - b for a, b in zip(this, that, strict=True)]
+    how = "both attached at once, the attach order" if together else "one daemon at a time, the order"
+    return Row(f"2ab. BPF ns per tcp_probe event, own work: this object against {other.name}",
+               f"{median_text(this, unit=' ns')} vs {median_text(that, unit=' ns')}; this - other "
+               f"{median_text(diff, unit=' ns')}", "<= 100 ns in every round (this object)", max(this) <= 100,
+               f"{rounds} interleaved rounds of {seconds:g} s, iperf3 -P 4 on loopback, {how} alternating, the empty "
+               "program attached after them; per round (own ns this, other, this - other; events this, other; "
+               "1-min load average): "
+               + "; ".join(f"{a:.0f}, {b:.0f}, {a - b:+.0f}; {m}, {n}; {load:.2f}" for a, b, m, n, load in per_round)
+               + f". The other object: {other}")
+
+
 def bench_bpf_ns_labels(seconds: float, rounds: int, daemon_args: tuple[str, ...]) -> Row:
     """Two daemons attached at once, one with `daemon_args`: their tcp_probe programs run on the very same
     events, one after the other, so machine noise hits both alike; the difference is what the labels cost.
@@ -646,23 +709,24 @@ def render(rows: list[Row], note: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def steps(quick: bool) -> dict[str, Callable[[], list[Row]]]:
+def steps(quick: bool, rounds: int | None = None) -> dict[str, Callable[[], list[Row]]]:
+    rounds = rounds or (3 if quick else 7)
     return {
         "1": lambda: [bench_cpu_per_gb(pairs=4 if quick else 10, seconds=2 if quick else 5, rate="2G"),
                       bench_throughput(pairs=3 if quick else 6, seconds=2 if quick else 3)],
-        "2": lambda: [bench_bpf_ns(seconds=2 if quick else 5, rounds=3 if quick else 7)],
+        "2": lambda: [bench_bpf_ns(seconds=2 if quick else 5, rounds=rounds)],
         "3": lambda: [bench_daemon_cpu(windows=3 if quick else 5, window_s=4 if quick else 6)],
         "4": lambda: [*bench_scrape(10_000, 100, ("4a", "4b")), *bench_scrape(100_000, 150, ("4c", "4d"))],
         "5": lambda: [bench_vs_ss(pairs=2 if quick else 4, seconds=4 if quick else 10, streams=20)],
     }
 
 
-def attribution_steps(quick: bool) -> dict[str, Callable[[], list[Row]]]:
+def attribution_steps(quick: bool, rounds: int | None = None) -> dict[str, Callable[[], list[Row]]]:
     """--attribution: measures 2 and 4 with labels on, each against labels off."""
+    rounds = rounds or (3 if quick else 7)
     return {
-        "2": lambda: [bench_bpf_ns(seconds=2 if quick else 5, rounds=3 if quick else 7, daemon_args=ALL_LABELS)],
-        "2c": lambda: [bench_bpf_ns_labels(seconds=2 if quick else 5, rounds=3 if quick else 7,
-                                           daemon_args=ALL_LABELS)],
+        "2": lambda: [bench_bpf_ns(seconds=2 if quick else 5, rounds=rounds, daemon_args=ALL_LABELS)],
+        "2c": lambda: [bench_bpf_ns_labels(seconds=2 if quick else 5, rounds=rounds, daemon_args=ALL_LABELS)],
         "4": lambda: bench_scrape_labels(flows=10_000, cgroups=100, daemon_args=ALL_LABELS),
     }
 
@@ -673,6 +737,12 @@ def main() -> int:
     parser.add_argument("--only", help="comma-separated measures to run, e.g. 1,4 (default: all)")
     parser.add_argument("--no-write", action="store_true", help="print only, do not write the results file")
     parser.add_argument("--note", default="", help="extra words about the conditions, for the results file")
+    parser.add_argument("--against", type=Path, metavar="OBJECT",
+                        help="measure 2 only: this checkout's BPF object against OBJECT (another build, e.g. the last "
+                             "commit's), in interleaved rounds; prints only")
+    parser.add_argument("--together", action="store_true",
+                        help="with --against: both objects attached at once, on the same events")
+    parser.add_argument("--rounds", type=int, help="rounds of measure 2 (default: 7, with --quick 3)")
     parser.add_argument("--attribution", action="store_true",
                         help="measures 2 and 4 with labels off and on (--labels comm,cgroup,container,pod), in one "
                              f"run; writes {RESULTS_ATTRIBUTION.relative_to(ROOT)}")
@@ -680,7 +750,18 @@ def main() -> int:
     if os.geteuid() != 0:
         print("bench/telemetry.py: needs root (BPF, namespaces, cgroups)", file=sys.stderr)
         return 3
-    chosen = attribution_steps(args.quick) if args.attribution else steps(args.quick)
+    chosen = attribution_steps(args.quick, args.rounds) if args.attribution else steps(args.quick, args.rounds)
+    if args.against and (args.only or args.attribution):
+        print("bench/telemetry.py: --against is a measure of its own: not with --only or --attribution",
+              file=sys.stderr)
+        return 2
+    if args.against and not args.against.is_file():
+        print(f"bench/telemetry.py: --against {args.against}: no such file", file=sys.stderr)
+        return 2
+    if args.against:
+        chosen = {"2ab": lambda: [bench_bpf_ns_against(seconds=2 if args.quick else 5,
+                                                       rounds=args.rounds or (3 if args.quick else 7),
+                                                       other=args.against.resolve(), together=args.together)]}
     if args.only:
         unknown = set(args.only.split(",")) - set(chosen)
         if unknown:
@@ -696,7 +777,7 @@ def main() -> int:
     note = conditions() + (f"; {args.note}" if args.note else "")
     report = render(rows, note)
     print("\n" + report)
-    if not args.no_write and not args.only:
+    if not args.no_write and not args.only and not args.against:
         results = RESULTS_ATTRIBUTION if args.attribution else RESULTS
         results.parent.mkdir(parents=True, exist_ok=True)
         results.write_text(report)

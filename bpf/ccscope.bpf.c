@@ -11,7 +11,8 @@
  *
  * The hot path (tcp_probe between samples) is an inlined per-CPU array
  * access and a compare against the socket's own clock (tp->tcp_mstamp): no
- * clock read, no hash lookup. Nothing here ever blocks: a full ring buffer only
+ * clock read, no hash lookup, and on Linux >= 6.2 no call at all (tcp_probe
+ * and tcp_probe_skc below). Nothing here ever blocks: a full ring buffer only
  * bumps a counter.
  */
 #include <linux/types.h>
@@ -456,30 +457,17 @@ static __always_inline __u64 socket_cookie(struct sock *sk)
 	return cookie ? cookie : bpf_get_socket_cookie(sk);
 }
 
-SEC("tp_btf/tcp_probe")
-int BPF_PROG(tcp_probe, struct sock *sk, const struct sk_buff *skb)
+/*
+ * The rest of tcp_probe, once the gate lets an event through: a sample may be due. Not inlined: between samples
+ * tcp_probe then keeps a small stack frame and few registers (inlined, all of this made it save four
+ * callee-saved registers and move its stack to the per-CPU private one on every event).
+ */
+static __noinline int sample(struct sock *sk, struct tcp_sock *tp, __u64 cookie, struct gate_slot *gate)
 {
-	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
-	__u64 cookie = socket_cookie(sk);
-	__u32 slot = cookie & (GATE_SLOTS - 1); /* cookies are sequential: recent sockets get distinct slots */
-	struct gate_slot *gate;
 	struct config *cfg;
 	struct flow *f;
 	__u64 now, interval_ns, mstamp_ns;
 	__u32 queue_us;
-
-	count(CCSCOPE_CNT_PROBE_EVENTS);
-	if (!tp)
-		return 0;
-	gate = bpf_map_lookup_elem(&gates, &slot);
-	if (!gate)
-		return 0;
-	/*
-	 * tcp_mstamp is the stack's own clock (us, CLOCK_MONOTONIC) as of the
-	 * socket's previous event: stale by at most one packet, and free to read.
-	 */
-	if (gate->cookie == cookie && tp->tcp_mstamp < gate->next_us)
-		return 0;
 
 	cfg = get_config();
 	if (!cfg)
@@ -513,6 +501,54 @@ int BPF_PROG(tcp_probe, struct sock *sk, const struct sk_buff *skb)
 	}
 	emit(f, CCSCOPE_EV_PROBE, cfg);
 	return 0;
+}
+
+/*
+ * The body of tcp_probe, for `tp` the socket seen as a tcp_sock (NULL: not a full TCP socket; never so where
+ * tcp_probe fires, in tcp_rcv_established()). Inlined into each of the two programs below.
+ */
+static __always_inline int probe(struct sock *sk, struct tcp_sock *tp)
+{
+	__u64 cookie = socket_cookie(sk);
+	__u32 slot = cookie & (GATE_SLOTS - 1); /* cookies are sequential: recent sockets get distinct slots */
+	struct gate_slot *gate;
+
+	count(CCSCOPE_CNT_PROBE_EVENTS);
+	if (!tp)
+		return 0;
+	gate = bpf_map_lookup_elem(&gates, &slot);
+	if (!gate)
+		return 0;
+	/*
+	 * tcp_mstamp is the stack's own clock (us, CLOCK_MONOTONIC) as of the
+	 * socket's previous event: stale by at most one packet, and free to read.
+	 */
+	if (gate->cookie == cookie && tp->tcp_mstamp < gate->next_us)
+		return 0;
+	return sample(sk, tp, cookie, gate);
+}
+
+/*
+ * bpf_rdonly_cast (Linux >= 6.2) gives the verifier `sk` as a tcp_sock to read; it rewrites the call into a
+ * register move, so nothing is called. The helper bpf_skc_to_tcp_sock is a real call, and on a kernel with
+ * return-thunk mitigations (SRSO "Safe RET") a call and its return are among the most expensive things
+ * tcp_probe does between samples. Declared __weak: libbpf leaves an extern this kernel lacks unresolved
+ * instead of failing the whole object. A 6.1 verifier still rejects the unresolved call, even where it can
+ * never run, hence two programs: the loader loads tcp_probe where vmlinux BTF has bpf_rdonly_cast, and
+ * tcp_probe_skc, the same code through the helper, elsewhere.
+ */
+extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym __weak;
+
+SEC("tp_btf/tcp_probe")
+int BPF_PROG(tcp_probe, struct sock *sk, const struct sk_buff *skb)
+{
+	return probe(sk, bpf_rdonly_cast(sk, bpf_core_type_id_kernel(struct tcp_sock)));
+}
+
+SEC("tp_btf/tcp_probe")
+int BPF_PROG(tcp_probe_skc, struct sock *sk, const struct sk_buff *skb)
+{
+	return probe(sk, bpf_skc_to_tcp_sock(sk));
 }
 
 SEC("tp_btf/tcp_retransmit_skb")

@@ -486,6 +486,63 @@ def test_signal_detaches_programs(sig: int) -> None:
     assert wait_for(lambda: not still_loaded(), 10, 0.1), f"programs still loaded: {still_loaded()}"
 
 
+# --- the two builds of tcp_probe -----------------------------------------------------------------------------------
+
+TIME_FIELDS = ("first_ns", "last_ns", "closed_ns")
+
+
+def test_both_builds_of_tcp_probe_take_the_same_samples(link: Link, monkeypatch) -> None:
+    """tcp_probe reads the socket through the kfunc bpf_rdonly_cast (Linux >= 6.2), tcp_probe_skc through the helper
+    bpf_skc_to_tcp_sock (what 6.1 loads). This kernel takes both: attached side by side, each in its own object, they
+    see the same events of a flow, take the same samples and close it with the same values."""
+    from ccscope import loader
+    from ccscope.loader import ProbeOptions, TelemetryProbe
+
+    options = ProbeOptions(sample_interval_ns=20_000_000, emit_samples=True)
+    samples: dict[str, list] = {"tcp_probe": [], "tcp_probe_skc": []}
+    with TelemetryProbe(options) as cast:
+        monkeypatch.setattr(loader, "PROBE_BUILDS", {"tcp_probe_skc": None})
+        with TelemetryProbe(options) as helper:
+            probes = {p.programs["tcp_probe"]: p for p in (cast, helper)}
+            assert set(probes) == set(samples)
+            rings = [p.ring_buffer(samples[name].extend) for name, p in probes.items()]
+            sink = Sink(socket.AF_INET, link.addr_b, 5331, link.b)
+            try:
+                sock = connect(socket.AF_INET, link.addr_b, 5331, link.a, "cubic")
+                cookie = cookie_of(sock)
+                for _ in range(60):  # ~300 ms: some 15 samples of each end at 20 ms
+                    sock.send(b"x" * 1000)
+                    time.sleep(0.005)
+                sock.close()
+
+                def closed() -> bool:
+                    for ring in rings:
+                        ring.poll(0)
+                    return all(any(f.cookie == cookie and f.closed_ns for f in got) for got in samples.values())
+
+                assert wait_for(closed), "no CLOSE record of the client from one of the builds"
+            finally:
+                sink.close()
+                for ring in rings:
+                    ring.close()
+    ours = {name: [f for f in got if f.netns == link.inode_a] for name, got in samples.items()}
+    assert len(ours["tcp_probe"]) >= 10, ours["tcp_probe"]
+    # Both decide on the socket's own clock; a sample's time (bpf_ktime_get_ns) differs between the two by the run of
+    # the first program, so an event within that much of a sample's due time could fall on either side of it.
+    assert abs(len(ours["tcp_probe"]) - len(ours["tcp_probe_skc"])) <= 1, ours
+
+    def without_times(flow: bt.FlowTuple) -> dict:
+        return {name: value for name, value in flow._asdict().items() if name not in TIME_FIELDS}
+
+    # the first sample (the flow's first event) and the CLOSE record are taken on the very same events by both
+    first = {name: without_times(next(f for f in got if f.cookie == cookie)) for name, got in ours.items()}
+    close = {name: without_times(next(f for f in got if f.cookie == cookie and f.closed_ns))
+             for name, got in ours.items()}
+    assert first["tcp_probe"] == first["tcp_probe_skc"]
+    assert close["tcp_probe"] == close["tcp_probe_skc"]
+    assert close["tcp_probe"]["bytes_acked"] >= 60_000 and close["tcp_probe"]["ca_name"].rstrip(b"\0") == b"cubic"
+
+
 # --- filters and the user-facing commands ---------------------------------------------------------------------------
 
 

@@ -84,11 +84,12 @@ def check_object() -> Result:
 
 def check_attach() -> Result:
     try:
-        with loader.TelemetryProbe():
-            pass
+        with loader.TelemetryProbe() as probe:
+            build = probe.programs["tcp_probe"]
     except CcscopeError as exc:
         return Result("load and attach", "FAIL", exc.line())
-    return Result("load and attach", "ok", "3 programs attached and detached")
+    how = "bpf_rdonly_cast" if build == "tcp_probe" else "the helper bpf_skc_to_tcp_sock (Linux < 6.2)"
+    return Result("load and attach", "ok", f"3 programs attached and detached; tcp_probe casts the socket with {how}")
 
 
 def check_algorithms() -> Result:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import array
 import ctypes
 import errno
+import itertools
 import os
 import threading
 from collections.abc import Callable
@@ -18,6 +19,11 @@ from .flowscan import RECORD_BYTES, FlowColumns
 from .libbpf import Libbpf, RingBuffer
 
 PROGRAMS = ("tcp_probe", "tcp_retransmit_skb", "inet_sock_set_state")
+# tcp_probe is built twice from the same code (bpf/ccscope.bpf.c): `tcp_probe` reads the socket through the kfunc
+# bpf_rdonly_cast (Linux >= 6.2, no call at run time), `tcp_probe_skc` through the helper bpf_skc_to_tcp_sock. One
+# of them is loaded: the first this kernel takes.
+PROBE_BUILDS = {"tcp_probe": "bpf_rdonly_cast", "tcp_probe_skc": None}  # program -> kernel function it needs
+BTF_KIND_FUNC = 12
 SEED_PROGRAM = "seed_owners"  # iter/task_file, run once after attaching; needs bpf_sock_from_file (5.11)
 TRACEPOINTS = {
     "tcp_probe": "tcp:tcp_probe",
@@ -40,6 +46,24 @@ def object_path() -> Path:
     if override:
         return Path(override)
     return Path(str(resources.files("ccscope") / "bpf" / "ccscope.bpf.o"))
+
+
+def kernel_has_function(libbpf: Libbpf, name: str) -> bool:
+    """Whether the running kernel's BTF has function `name`: the BTF libbpf resolves kfuncs against
+    (/sys/kernel/btf/vmlinux), whatever CCSCOPE_BTF says for CO-RE."""
+    lib = libbpf.lib
+    btf = lib.btf__load_vmlinux_btf()
+    if not btf:
+        return False
+    try:
+        return lib.btf__find_by_name_kind(btf, name.encode(), BTF_KIND_FUNC) > 0
+    finally:
+        lib.btf__free(btf)
+
+
+def probe_builds(libbpf: Libbpf) -> list[str]:
+    """The builds of tcp_probe this kernel may take, the cheaper first."""
+    return [name for name, needs in PROBE_BUILDS.items() if needs is None or kernel_has_function(libbpf, needs)]
 
 
 def effective_capabilities() -> int:
@@ -119,6 +143,7 @@ class TelemetryProbe:
         # threads, and the kernel fills the buffers outside the GIL (two readers got each other's batches).
         self._batch_lock = threading.Lock()
         self.seeded = False  # whether owners of sockets older than the probe were looked up
+        self.programs = {name: name for name in PROGRAMS}  # PROGRAMS -> the program in the object that runs it
 
     def __enter__(self) -> TelemetryProbe:
         try:
@@ -140,13 +165,17 @@ class TelemetryProbe:
         if btf_path() != DEFAULT_BTF:
             opts.btf_custom_path = btf_path().encode()
         path = str(object_path()).encode()
-        if not self._load(path, opts, seed=True):
-            failure = self.libbpf.error("kernel rejected the BPF programs",
-                                        fix="run `ccscope check` to see what this kernel lacks")
+        failure = None
+        # Kernels before 5.11 lack bpf_sock_from_file: then run without owners of pre-existing sockets.
+        for seed, probe in itertools.product((True, False), probe_builds(self.libbpf)):
+            if self._load(path, opts, probe, seed):
+                break
+            failure = failure or self.libbpf.error("kernel rejected the BPF programs",
+                                                   fix="run `ccscope check` to see what this kernel lacks")
             lib.bpf_object__close(self._obj)
-            # Kernels before 5.11 lack bpf_sock_from_file: run without owners of pre-existing sockets.
-            if not self._load(path, opts, seed=False):
-                raise failure
+            self._obj = None
+        else:
+            raise failure
         for name in ("flows", "samples", "cc_stats", "hists", "counters", "config", "cgroup_stats", "cgroup_slots",
                      "free_slots"):
             self._maps[name] = lib.bpf_map__fd(lib.bpf_object__find_map_by_name(self._obj, name.encode()))
@@ -159,16 +188,24 @@ class TelemetryProbe:
             self._seed_owners()
         self.libbpf.log.clear()
 
-    def _load(self, path: bytes, opts: _OpenOpts, seed: bool) -> bool:
+    def _load(self, path: bytes, opts: _OpenOpts, probe: str, seed: bool) -> bool:
+        """Open the object and load `probe` (one of PROBE_BUILDS) as tcp_probe, with or without the seed."""
         lib = self.libbpf.lib
         self._obj = self.libbpf.check_ptr(lib.bpf_object__open_file(path, ctypes.byref(opts)),
                                           f"cannot open BPF object {object_path()}")
         self._check_map_layouts()
+        if not lib.bpf_object__find_program_by_name(self._obj, probe.encode()):
+            raise BpfError(f"BPF object {object_path()} has no program {probe}", REBUILD)
+        for name in PROBE_BUILDS:  # the others, where the object has them (an older build has only tcp_probe)
+            prog = lib.bpf_object__find_program_by_name(self._obj, name.encode())
+            if prog:
+                lib.bpf_program__set_autoload(prog, name == probe)
         if not seed:
             lib.bpf_program__set_autoload(lib.bpf_object__find_program_by_name(self._obj, SEED_PROGRAM.encode()),
                                           False)
         self._size_maps()
         self.seeded = seed
+        self.programs["tcp_probe"] = probe
         self.libbpf.log.clear()  # what open logged is not why a later call fails
         return lib.bpf_object__load(self._obj) == 0
 
@@ -218,7 +255,7 @@ class TelemetryProbe:
 
     def _attach(self, name: str) -> None:
         lib = self.libbpf.lib
-        prog = lib.bpf_object__find_program_by_name(self._obj, name.encode())
+        prog = lib.bpf_object__find_program_by_name(self._obj, self.programs[name].encode())
         link = lib.bpf_program__attach(prog) if prog else None
         if not link:
             raise self.libbpf.error(f"cannot attach to tracepoint {TRACEPOINTS[name]}",
@@ -345,7 +382,7 @@ class TelemetryProbe:
     def program_fds(self) -> dict[str, int]:
         lib = self.libbpf.lib
         return {
-            name: lib.bpf_program__fd(lib.bpf_object__find_program_by_name(self._obj, name.encode()))
+            name: lib.bpf_program__fd(lib.bpf_object__find_program_by_name(self._obj, self.programs[name].encode()))
             for name in PROGRAMS
         }
 
