@@ -33,8 +33,8 @@
  * kernel's Reno). Measured, the cost is almost all cache misses of a program
  * that runs once per ACK, not instructions: the JIT code and the state lines
  * it touches are cold by the next ACK. So the per-ACK path touches one line of
- * state, calls no map or helper, divides only when the pacing rate's inputs
- * move, and is short. Approximations this takes, all bounded:
+ * state, calls no map or helper, divides only when cwnd moves, and is
+ * short. Approximations this takes, all bounded:
  *   Windowed minima: Kathleen Nichols' three-sample filter (cc_minmax in
  *       cc_common.h, as lib/win_minmax.c for BBR), exact within its
  *       sub-windows, with an early exit when a sample changes nothing.
@@ -47,6 +47,10 @@
  *   cwnd's fraction: acked * v / delta steps of 1/cwnd packet are counted, as
  *       the kernel's snd_cwnd_cnt; cwnd moves by a packet when they reach
  *       cwnd (a division only when two or more packets move at once).
+ *   Pacing is recomputed (a 64-bit division) when cwnd changes and once per
+ *       round, not when only RTTstanding moves: it may use an RTTstanding up
+ *       to one srtt old. Outside slow start cwnd moves 2v times per RTT, and
+ *       the gain of 2 leaves room for RTTstanding to fall by half meanwhile.
  */
 #include "cc_common.h"
 
@@ -87,7 +91,7 @@ static __always_inline __u32 now_us(const struct tcp_sock *tp)
 	return (__u32)tp->tcp_mstamp;
 }
 
-/* A 64-bit division: only called when cwnd or RTTstanding moved. */
+/* A 64-bit division: only when cwnd moved and once per round (see the top). */
 static __always_inline void copa_set_pacing(struct sock *sk, __u32 cwnd, __u32 rtt_standing)
 {
 	__u64 rate = (__u64)COPA_PACING_GAIN * cwnd * tcp_sk(sk)->mss_cache * USEC_PER_SEC;
@@ -115,7 +119,7 @@ void BPF_PROG(copa_pkts_acked, struct sock *sk, const struct ack_sample *sample)
 {
 	const struct tcp_sock *tp = tcp_sk(sk);
 	struct copa *c = inet_csk_ca(sk);
-	__u32 now = now_us(tp), rtt, prev, standing;
+	__u32 now = now_us(tp), rtt;
 
 	if (sample->rtt_us <= 0)
 		return;
@@ -133,10 +137,7 @@ void BPF_PROG(copa_pkts_acked, struct sock *sk, const struct ack_sample *sample)
 		if (rtt < c->rtt_min)
 			c->rtt_min = rtt;
 	}
-	prev = c->rtt_standing.s[0].v;
-	standing = cc_minmax_running_min(&c->rtt_standing, max(tp->srtt_us >> 4, 1U), now, rtt);
-	if (standing != prev)
-		copa_set_pacing(sk, tp->snd_cwnd, standing);
+	cc_minmax_running_min(&c->rtt_standing, max(tp->srtt_us >> 4, 1U), now, rtt);
 }
 
 /* floor(log2(x)) for x > 0, without a loop. */
@@ -230,10 +231,12 @@ void BPF_PROG(copa_cong_control, struct sock *sk)
 		c->round_cwnd = prior_cwnd;
 		c->round_stamp = now;
 	}
-	if (cwnd == prior_cwnd)
+	if (cwnd != prior_cwnd) {
+		cwnd = min(cwnd, tp->snd_cwnd_clamp);
+		tp->snd_cwnd = cwnd;
+	} else if (!round_end) {
 		return;
-	cwnd = min(cwnd, tp->snd_cwnd_clamp);
-	tp->snd_cwnd = cwnd;
+	}
 	copa_set_pacing(sk, cwnd, rtt_standing);
 }
 
