@@ -33,8 +33,9 @@
  * kernel's Reno). Measured, the cost is almost all cache misses of a program
  * that runs once per ACK, not instructions: the JIT code and the state lines
  * it touches are cold by the next ACK. So the per-ACK path touches one line of
- * state, calls no map or helper, divides only when cwnd moves, and is
- * short. Approximations this takes, all bounded:
+ * state, calls no map or helper, divides only when cwnd moves, and is short
+ * (the object is built with -mcpu=v3, see the Makefile). Approximations this
+ * takes, all bounded:
  *   Windowed minima: Kathleen Nichols' three-sample filter (cc_minmax in
  *       cc_common.h, as lib/win_minmax.c for BBR), exact within its
  *       sub-windows, with an early exit when a sample changes nothing.
