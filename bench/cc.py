@@ -37,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "daemon"))
 
-from ccscope.cc import provided  # noqa: E402
+from ccscope.cc import provided, registry  # noqa: E402
 from ccscope.emulation import PathProfile, Testbed  # noqa: E402
 from ccscope.libbpf import Libbpf  # noqa: E402
 
@@ -54,9 +54,14 @@ def sh(*cmd: str) -> str:
 
 
 def struct_ops_progs(name: str) -> dict[int, str]:
-    """prog id -> callback:program of the registered struct_ops map `name`."""
+    """prog id -> callback:program of the struct_ops map registered as `name`. The map is picked by the id
+    the registry recorded, not by name: the map of an earlier registration of the same name lingers
+    (TOBEFREE) while sockets that used it close, and its programs do not run any more."""
+    map_id = registry.registrations()[name].map_id
     dump = json.loads(sh("bpftool", "struct_ops", "dump", "name", name, "-j"))
-    data = next(v["data"] for item in dump for k, v in item.items() if k.startswith("bpf_struct_ops_"))
+    infos = [item["bpf_map_info"]["id"] for item in dump if "bpf_map_info" in item]
+    datas = [v["data"] for item in dump for k, v in item.items() if k.startswith("bpf_struct_ops_")]
+    data = next(d for map_, d in zip(infos, datas, strict=True) if map_ == map_id)
     progs = {}
     for member, text in data.items():
         m = re.search(r"(\w+)/prog_id:(\d+)", str(text))
@@ -94,6 +99,8 @@ def one_flow(name: str, progs: dict[int, str], seconds: float) -> dict:
     if end.get("sender_tcp_congestion") != name:
         raise SystemExit(f"the flow ran {end.get('sender_tcp_congestion')}, not {name}")
     calls = {p: (after[p][0] - before[p][0], after[p][1] - before[p][1]) for p in after}
+    if not any(cnt for _, cnt in calls.values()):
+        raise SystemExit(f"none of {name}'s programs ran during its flow (not the struct_ops map it uses?)")
     return {"acks": acks, "calls": calls, "goodput_bps": end["sum_received"]["bits_per_second"]}
 
 

@@ -114,6 +114,9 @@ static __always_inline __u32 cc_minmax_running_min(struct cc_minmax *m, __u32 wi
 {
 	__u32 dt;
 
+	/* The usual case, and no change: above all three while the best is in its first quarter window. */
+	if (v > m->s[2].v && t - m->s[0].t <= win / 4)
+		return m->s[0].v;
 	if (v <= m->s[0].v || t - m->s[2].t > win)
 		return cc_minmax_reset(m, t, v);
 	if (v <= m->s[1].v) {

@@ -11,8 +11,7 @@
  *   RTTmin: minimum RTT sample over the last 10 s (windowed min).
  *   Per ACK: lambda = cwnd / RTTstanding. If lambda <= lambda_t (equivalently
  *       cwnd * dq <= RTTstanding / delta), cwnd += v / (delta * cwnd) per
- *       acknowledged packet, else cwnd -= v / (delta * cwnd). cwnd is kept in
- *       1/1024 packet internally.
+ *       acknowledged packet, else cwnd -= v / (delta * cwnd).
  *   Velocity v: 1 at start; once per RTT (srtt) the direction cwnd moved in
  *       is compared with the previous RTT's; after three RTTs in the same
  *       direction v doubles every RTT. A per-ACK decision against the current
@@ -29,6 +28,30 @@
  * Deviations: v is capped at cwnd/2 (a change of at most one cwnd per RTT);
  * cwnd only grows while at least half of it is in flight (not app-limited);
  * the RTT signal is the kernel's per-ACK RTT sample (ack_sample.rtt_us).
+ *
+ * Per-ACK cost (issue 10; bench/cc.py, target <= 50 ns per ACK above the
+ * kernel's Reno). Measured, the cost is almost all cache misses of a program
+ * that runs once per ACK, not instructions: the JIT code and the state lines
+ * it touches are cold by the next ACK. So the per-ACK path touches one line of
+ * state, calls no map or helper, divides only when cwnd moves, and is short
+ * (the object is built with -mcpu=v3, see the Makefile). Approximations this
+ * takes, all bounded:
+ *   Windowed minima: Kathleen Nichols' three-sample filter (cc_minmax in
+ *       cc_common.h, as lib/win_minmax.c for BBR), exact within its
+ *       sub-windows, with an early exit when a sample changes nothing.
+ *   RTTmin: per ACK only the current round's (srtt's) minimum is kept (and
+ *       lowers RTTmin at once); the 10 s filter takes one sample per round, the
+ *       round's minimum stamped with the round's end. An old minimum therefore
+ *       leaves RTTmin up to one srtt later than with a filter fed every sample.
+ *   v is a power of two, as in the paper (1, doubled, reset to 1), kept as a
+ *       shift; so the cap above is the largest power of two <= cwnd/2.
+ *   cwnd's fraction: acked * v / delta steps of 1/cwnd packet are counted, as
+ *       the kernel's snd_cwnd_cnt; cwnd moves by a packet when they reach
+ *       cwnd (a division only when two or more packets move at once).
+ *   Pacing is recomputed (a 64-bit division) when cwnd changes and once per
+ *       round, not when only RTTstanding moves: it may use an RTTstanding up
+ *       to one srtt old. Outside slow start cwnd moves 2v times per RTT, and
+ *       the gain of 2 leaves room for RTTstanding to fall by half meanwhile.
  */
 #include "cc_common.h"
 
@@ -36,32 +59,45 @@ char LICENSE[] SEC("license") = "GPL";
 
 #define COPA_DELTA_INV 2		/* 1 / delta */
 #define COPA_RTT_MIN_WIN_US 10000000	/* RTTmin window: 10 s */
-#define COPA_FRAC_SHIFT 10		/* cwnd fraction in 1/1024 packet */
 #define COPA_MIN_CWND 2
 #define COPA_SAME_DIRECTION_RTTS 3
 #define COPA_PACING_GAIN 2
+#define COPA_NO_RTT 0xffffffff
 
 enum { COPA_NONE, COPA_UP, COPA_DOWN };
 
 struct copa {
+	/* Every ACK: these 48 bytes, one cache line on 6.18 (icsk_ca_priv starts 16 bytes into one). */
 	struct cc_minmax rtt_standing;	/* us */
-	struct cc_minmax rtt_min;	/* us */
-	__s32 cwnd_frac;		/* pending fraction of a packet, 1/1024 */
-	__u32 velocity;
-	__u32 dir_cwnd;			/* cwnd at the start of the velocity RTT */
-	__u32 dir_stamp;		/* its time (us) */
+	__u32 rtt_min;			/* us; 0 until the first RTT sample */
+	__u32 round_min;		/* us: smallest sample of this round */
+	__u32 round_stamp;		/* us: start of this round (one srtt) */
 	__u32 prior_delivered;		/* tp->delivered at the previous ACK */
-	__u32 paced_cwnd;		/* the inputs of the pacing rate last set */
-	__u32 paced_rtt;
+	__s32 cwnd_cnt;			/* pending cwnd change, in 1/cwnd packet */
+	__u8 velocity_shift;		/* v = 1 << velocity_shift */
 	__u8 direction;
-	__u8 same_direction;		/* RTTs in a row moving in `direction` */
+	__u8 same_direction;		/* rounds in a row moving in `direction` */
 	__u8 slow_start;
-	__u8 have_rtt;
+	/* Once per round. */
+	struct cc_minmax rtt_min_win;	/* us: the rounds' minima over 10 s */
+	__u32 round_cwnd;		/* cwnd at round_stamp */
 };
+
+_Static_assert(__builtin_offsetof(struct copa, rtt_min_win) == 48, "the per-ACK state is one cache line's worth");
+_Static_assert(sizeof(struct copa) <= sizeof(((struct inet_connection_sock *)0)->icsk_ca_priv),
+	       "struct copa must fit icsk_ca_priv (ICSK_CA_PRIV_SIZE, 13 u64)");
 
 static __always_inline __u32 now_us(const struct tcp_sock *tp)
 {
 	return (__u32)tp->tcp_mstamp;
+}
+
+/* A 64-bit division: only when cwnd moved and once per round (see the top). */
+static __always_inline void copa_set_pacing(struct sock *sk, __u32 cwnd, __u32 rtt_standing)
+{
+	__u64 rate = (__u64)COPA_PACING_GAIN * cwnd * tcp_sk(sk)->mss_cache * USEC_PER_SEC;
+
+	sk->sk_pacing_rate = rate / max(rtt_standing, 1U);
 }
 
 SEC("struct_ops/copa_init")
@@ -71,10 +107,10 @@ void BPF_PROG(copa_init, struct sock *sk)
 	struct copa *c = inet_csk_ca(sk);
 
 	__builtin_memset(c, 0, sizeof(*c));
-	c->velocity = 1;
 	c->slow_start = 1;
-	c->dir_cwnd = tp->snd_cwnd;
-	c->dir_stamp = now_us(tp);
+	c->round_min = COPA_NO_RTT;
+	c->round_cwnd = tp->snd_cwnd;
+	c->round_stamp = now_us(tp);
 	c->prior_delivered = tp->delivered;
 	sk->sk_pacing_status = SK_PACING_NEEDED;
 }
@@ -84,55 +120,58 @@ void BPF_PROG(copa_pkts_acked, struct sock *sk, const struct ack_sample *sample)
 {
 	const struct tcp_sock *tp = tcp_sk(sk);
 	struct copa *c = inet_csk_ca(sk);
-	__u32 now = now_us(tp), rtt, srtt;
+	__u32 now = now_us(tp), rtt;
 
 	if (sample->rtt_us <= 0)
 		return;
 	rtt = sample->rtt_us;
-	srtt = tp->srtt_us >> 3;
-	if (!c->have_rtt) {
+	if (!c->rtt_min) {
 		cc_minmax_reset(&c->rtt_standing, now, rtt);
-		cc_minmax_reset(&c->rtt_min, now, rtt);
-		c->have_rtt = 1;
+		cc_minmax_reset(&c->rtt_min_win, now, rtt);
+		c->rtt_min = c->round_min = rtt;
+		copa_set_pacing(sk, tp->snd_cwnd, rtt);
 		return;
 	}
-	cc_minmax_running_min(&c->rtt_standing, max(srtt / 2, 1U), now, rtt);
-	cc_minmax_running_min(&c->rtt_min, COPA_RTT_MIN_WIN_US, now, rtt);
+	/* RTTmin: the current round's minimum here, the 10 s filter once per round (cong_control). */
+	if (rtt < c->round_min) {
+		c->round_min = rtt;
+		if (rtt < c->rtt_min)
+			c->rtt_min = rtt;
+	}
+	cc_minmax_running_min(&c->rtt_standing, max(tp->srtt_us >> 4, 1U), now, rtt);
 }
 
-/* Once per srtt: has cwnd kept moving the same way? Then speed up. */
-static __always_inline void copa_update_velocity(struct copa *c, __u32 cwnd, __u32 now, __u32 srtt)
+/* floor(log2(x)) for x > 0, without a loop. */
+static __always_inline __u8 copa_log2(__u32 x)
 {
-	__u8 moved;
+	__u8 r = 0;
 
-	if (now - c->dir_stamp < srtt)
-		return;
-	moved = cwnd > c->dir_cwnd ? COPA_UP : COPA_DOWN;
+	if (x >> 16)
+		x >>= 16, r += 16;
+	if (x >> 8)
+		x >>= 8, r += 8;
+	if (x >> 4)
+		x >>= 4, r += 4;
+	if (x >> 2)
+		x >>= 2, r += 2;
+	return r + (x >> 1);
+}
+
+/* Once per round (srtt), outside slow start: has cwnd kept moving the same way? Then speed up. */
+static __always_inline void copa_update_velocity(struct copa *c, __u32 cwnd)
+{
+	__u8 moved = cwnd > c->round_cwnd ? COPA_UP : COPA_DOWN;
+
 	if (moved == c->direction) {
 		if (c->same_direction < COPA_SAME_DIRECTION_RTTS)
 			c->same_direction++;
 		if (c->same_direction >= COPA_SAME_DIRECTION_RTTS)
-			c->velocity = min(c->velocity * 2, max(cwnd / 2, 1U));
+			c->velocity_shift = min(c->velocity_shift + 1, copa_log2(max(cwnd / 2, 1U)));
 	} else {
 		c->direction = moved;
 		c->same_direction = 1;
-		c->velocity = 1;
+		c->velocity_shift = 0;
 	}
-	c->dir_cwnd = cwnd;
-	c->dir_stamp = now;
-}
-
-/* Recomputed only when cwnd or RTTstanding moved: a 64-bit division per ACK is most of its cost. */
-static __always_inline void copa_set_pacing(struct sock *sk, struct copa *c, __u32 cwnd, __u32 rtt_standing)
-{
-	__u64 rate;
-
-	if (cwnd == c->paced_cwnd && rtt_standing == c->paced_rtt)
-		return;
-	c->paced_cwnd = cwnd;
-	c->paced_rtt = rtt_standing;
-	rate = (__u64)COPA_PACING_GAIN * cwnd * tcp_sk(sk)->mss_cache * USEC_PER_SEC;
-	sk->sk_pacing_rate = rate / max(rtt_standing, 1U);
 }
 
 SEC("struct_ops/copa_cong_control")
@@ -140,17 +179,22 @@ void BPF_PROG(copa_cong_control, struct sock *sk)
 {
 	struct tcp_sock *tp = tcp_sk(sk);
 	struct copa *c = inet_csk_ca(sk);
-	__u32 cwnd = tp->snd_cwnd, now = now_us(tp), srtt = tp->srtt_us >> 3;
-	__u32 acked = tp->delivered - c->prior_delivered;
-	__u32 rtt_standing, dq, step;
-	bool increase;
-	__s32 whole;
+	__u32 prior_cwnd = tp->snd_cwnd, cwnd = prior_cwnd, now = now_us(tp), delivered = tp->delivered;
+	__u32 acked = delivered - c->prior_delivered, rtt_standing, dq;
+	__u64 step, mag, whole;
+	bool increase, round_end;
+	__s64 cnt;
 
-	c->prior_delivered = tp->delivered;
-	if (!c->have_rtt || !acked)
+	c->prior_delivered = delivered;
+	if (!c->rtt_min || !acked)
 		return;
+	round_end = now - c->round_stamp >= tp->srtt_us >> 3;
+	if (round_end && c->round_min != COPA_NO_RTT) {
+		c->rtt_min = cc_minmax_running_min(&c->rtt_min_win, COPA_RTT_MIN_WIN_US, now, c->round_min);
+		c->round_min = COPA_NO_RTT;
+	}
 	rtt_standing = c->rtt_standing.s[0].v;
-	dq = rtt_standing > c->rtt_min.s[0].v ? rtt_standing - c->rtt_min.s[0].v : 0;
+	dq = rtt_standing > c->rtt_min ? rtt_standing - c->rtt_min : 0;
 	/* lambda <= lambda_t  <=>  cwnd / RTTstanding <= 1 / (delta * dq) */
 	increase = (__u64)cwnd * dq <= (__u64)COPA_DELTA_INV * rtt_standing;
 	if (increase && tp->packets_out * 2 < cwnd)
@@ -161,21 +205,40 @@ void BPF_PROG(copa_cong_control, struct sock *sk)
 	} else {
 		c->slow_start = 0;
 		if ((increase && c->direction == COPA_DOWN) || (!increase && c->direction == COPA_UP)) {
-			c->velocity = 1;
+			c->velocity_shift = 0;
 			c->same_direction = 0;
 		}
-		copa_update_velocity(c, cwnd, now, srtt);
-		/* acked * v / (delta * cwnd) packets, in 1/1024 packet */
-		step = ((__u64)acked * c->velocity * COPA_DELTA_INV << COPA_FRAC_SHIFT) / cwnd;
-		step = min(step, cwnd << COPA_FRAC_SHIFT);
-		c->cwnd_frac += increase ? (__s32)step : -(__s32)step;
-		whole = c->cwnd_frac >> COPA_FRAC_SHIFT;	/* floor, also when negative */
-		c->cwnd_frac -= whole << COPA_FRAC_SHIFT;
-		cwnd = (__s32)cwnd + whole < COPA_MIN_CWND ? COPA_MIN_CWND : cwnd + whole;
+		if (round_end)
+			copa_update_velocity(c, cwnd);
+		/* acked * v / delta steps of 1/cwnd packet; cwnd moves when they add up to a packet. */
+		step = (__u64)acked * COPA_DELTA_INV << c->velocity_shift;
+		cnt = c->cwnd_cnt + (increase ? (__s64)step : -(__s64)step);
+		mag = cnt < 0 ? -cnt : cnt;
+		if (mag >= cwnd) {
+			/* Packets to move, at most one cwnd per ACK; a division only from two on. */
+			whole = mag < 2 * (__u64)cwnd ? 1 : mag / cwnd;
+			if (whole >= cwnd)
+				whole = cwnd, mag = 0;
+			else
+				mag -= whole * cwnd;
+			if (cnt > 0)
+				cwnd += whole, cnt = mag;
+			else
+				cwnd = cwnd < COPA_MIN_CWND + whole ? COPA_MIN_CWND : cwnd - whole, cnt = -(__s64)mag;
+		}
+		c->cwnd_cnt = cnt;
 	}
-	cwnd = min(cwnd, tp->snd_cwnd_clamp);
-	tp->snd_cwnd = cwnd;
-	copa_set_pacing(sk, c, cwnd, rtt_standing);
+	if (round_end) {
+		c->round_cwnd = prior_cwnd;
+		c->round_stamp = now;
+	}
+	if (cwnd != prior_cwnd) {
+		cwnd = min(cwnd, tp->snd_cwnd_clamp);
+		tp->snd_cwnd = cwnd;
+	} else if (!round_end) {
+		return;
+	}
+	copa_set_pacing(sk, cwnd, rtt_standing);
 }
 
 SEC("struct_ops/copa_set_state")
@@ -185,12 +248,11 @@ void BPF_PROG(copa_set_state, struct sock *sk, __u8 new_state)
 
 	if (new_state == TCP_CA_Loss) {	/* RTO: the kernel set cwnd to 1 */
 		c->slow_start = 1;
-		c->velocity = 1;
+		c->velocity_shift = 0;
 		c->direction = COPA_NONE;
-		c->cwnd_frac = 0;
+		c->cwnd_cnt = 0;
 	}
 }
-
 /* Loss does not change Copa's window in the default mode. */
 SEC("struct_ops/copa_ssthresh")
 __u32 BPF_PROG(copa_ssthresh, struct sock *sk)
