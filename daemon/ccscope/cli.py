@@ -207,6 +207,10 @@ def cmd_daemon(args: argparse.Namespace) -> int:
         page = f"live page {scheme}://{args.listen}/, " if live else ""
         print(f"ccscope {__version__}: serving {page}{scheme}://{args.listen}/metrics "
               f"(flows {args.flows}); Ctrl-C to stop", file=sys.stderr, flush=True)
+        # Everything alive now (the imported libraries, the probe, the server) lives as long as the daemon: out of
+        # the collector's sight, a full collection walks only what scrapes leave behind. Without this, one took
+        # ~16 ms every ~2 s under scraping, the tail of the endpoint's latency.
+        gc.freeze()
         expire_every = max(0.5, min(grace / 2, 5.0))
         next_expiry = time.monotonic() + expire_every
         try:
