@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from ccscope.attribution import RULES, cgroup2_mount, parse_workload, truncate
+from ccscope.attribution import RULES, CgroupResolver, cgroup2_mount, parse_workload, truncate
 from ccscope.exporter import FLOW_LABELS, FLOW_METRICS
 from cgrouphelpers import Tree, cgroup_tree, kubepods_systemd, pod_logs
 from nethelpers import cli, daemon, free_port, parse_metrics, values, wait_for
@@ -190,3 +190,25 @@ def test_labels_off_exposition_unchanged() -> None:
         if name.removesuffix("_total") in flow_families:
             assert sorted(labels) == sorted(FLOW_LABELS), name
         assert not {"comm", "cgroup", "container", "pod", "namespace", "pod_uid"} & set(labels), name
+
+
+def _inotify_instances() -> int:
+    fds = Path("/proc/self/fd")
+    return sum(os.readlink(fds / fd) == "anon_inode:inotify" for fd in os.listdir(fds) if (fds / fd).exists())
+
+
+@pytest.mark.parametrize("follow", [True, False])
+def test_a_resolver_that_does_not_follow_takes_no_watches_and_still_resolves(tree: Tree, follow: bool) -> None:
+    """The daemon's page resolves cgroups without --labels: it must not take inotify watches (one per cgroup
+    directory, from the budget kubelet and containerd share with root), and still name a cgroup made after it
+    started, by rescanning on the miss."""
+    before = _inotify_instances()
+    resolver = CgroupResolver(tree.root, follow=follow)
+    try:
+        assert _inotify_instances() - before == (1 if follow else 0)
+        made = tree.cgroup("late/child")
+        cgroup_id = os.stat(made).st_ino  # a cgroup v2 directory's inode number is its id
+        assert wait_for(lambda: resolver.path(cgroup_id) == tree.path_of(made), timeout=5)
+    finally:
+        resolver.close()
+    assert _inotify_instances() == before

@@ -13,6 +13,7 @@ gone for longer than the grace period, so their series can vanish as closed flow
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import functools
@@ -164,7 +165,7 @@ class CgroupResolver:
     daemon's scrapes, its maintenance loop and the live page's sample thread (--cgroup) all ask.
     """
 
-    def __init__(self, root: Path | None = None, clock=time.monotonic) -> None:
+    def __init__(self, root: Path | None = None, clock=time.monotonic, follow: bool = True) -> None:
         self.root = hierarchy_root(Path(root)) if root is not None else cgroup2_mount()
         self._clock = clock
         self._paths: dict[int, str] = {}
@@ -175,10 +176,10 @@ class CgroupResolver:
         self._last_scan = float("-inf")
         self._lock = threading.RLock()
         self.scans = 0
-        try:
-            self._inotify: _Inotify | None = _Inotify()
-        except OSError:
-            self._inotify = None  # rescans on misses only
+        self._inotify: _Inotify | None = None  # without it: rescans on misses only
+        if follow:
+            with contextlib.suppress(OSError):
+                self._inotify = _Inotify()
         self._scan()
 
     def close(self) -> None:
@@ -419,6 +420,9 @@ class Attributor:
         self.resolver.close()
 
     @classmethod
-    def open(cls, cgroup_root: str | None, pod_logs: str | None, cgroup_depth: int = 0) -> Attributor:
-        resolver = CgroupResolver(Path(cgroup_root) if cgroup_root else None)
+    def open(cls, cgroup_root: str | None, pod_logs: str | None, cgroup_depth: int = 0,
+             follow: bool = True) -> Attributor:
+        """`follow=False`: no inotify watches (one per cgroup directory, from the user's shared budget, which
+        kubelet and containerd need on a node); lookups of unknown ids rescan instead, at most once a second."""
+        resolver = CgroupResolver(Path(cgroup_root) if cgroup_root else None, follow=follow)
         return cls(resolver, PodDirectory(Path(pod_logs) if pod_logs else DEFAULT_POD_LOGS), cgroup_depth)

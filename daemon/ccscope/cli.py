@@ -112,10 +112,11 @@ def _filter(args: argparse.Namespace, attributor: Attributor | None = None) -> F
     return flow_filter
 
 
-def _attributor(args: argparse.Namespace, required: bool, cgroup_depth: int = 0) -> Attributor | None:
+def _attributor(args: argparse.Namespace, required: bool, cgroup_depth: int = 0,
+                follow: bool = True) -> Attributor | None:
     """cgroup/container/pod attribution; best effort (None) for display unless labels or filters need it."""
     try:
-        return Attributor.open(args.cgroup_root, args.pod_logs, cgroup_depth)
+        return Attributor.open(args.cgroup_root, args.pod_logs, cgroup_depth, follow=follow)
     except PrerequisiteError:
         if required or args.cgroup:
             raise
@@ -188,8 +189,10 @@ def cmd_daemon(args: argparse.Namespace) -> int:
         live = None
         if not args.no_live:
             # the page's table names the process and the pod or cgroup as `ccscope flows` does: with the daemon's
-            # cgroup resolver, else with one of its own where cgroup v2 is there
-            live = _live_page(probe, flow_filter, options.sample_interval_ns, attributor or _attributor(args, False),
+            # cgroup resolver, else with one of its own where cgroup v2 is there, which takes no inotify watches
+            # (the labels were not asked for; a display can rescan on a miss)
+            page_attributor = attributor or _attributor(args, False, follow=False)
+            live = _live_page(probe, flow_filter, options.sample_interval_ns, page_attributor,
                               own_attributor=attributor is None, grace_s=grace)
         try:
             if live:
