@@ -394,7 +394,9 @@ def test_scenario_page_shows_the_run_in_progress_over_finished_runs(tmp_path: Pa
         # the report link once written
         # 8 runs of 4 s with set-up and teardown: ~80 s on an idle machine, much longer beside other work
         report_url = wait_js(driver, "window.ccscopeLive.scenario.report_url", timeout=300)
-        assert report_url == "report/report.html", driver.execute_script("return window.ccscopeLive.scenario;")
+        assert report_url == "report/report.html", (
+            driver.execute_script("return [document.body.dataset, window.ccscopeLive.scenario];"), proc.poll(),
+            console_errors(driver))
         final_runs = driver.execute_script("return window.ccscopeLive.runs;")
         legends = driver.execute_script(
             "return [...document.querySelectorAll('#sc-charts .u-legend .u-label')].map((l) => l.textContent);")
