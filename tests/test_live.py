@@ -35,7 +35,7 @@ from ccscope.flows import FLOW_COLUMNS, FlowFilter, FlowTable
 from ccscope.live import hub as hubmod
 from ccscope.live import vendor
 from ccscope.live.app import LiveApp, table_rows, table_source
-from ccscope.live.hub import Hub, TooManyClients
+from ccscope.live.hub import Hub, TableSource, TooManyClients
 from ccscope.loader import ProbeOptions, TelemetryProbe
 from cgrouphelpers import Tree, cgroup_tree, kubepods_systemd, pod_logs
 from livehelpers import artifacts_dir, chromium, console_errors, require_browser, screenshot, wait_js
@@ -425,12 +425,10 @@ def test_scenario_page_shows_the_run_in_progress_over_finished_runs(tmp_path: Pa
 # --- closing while the table is read --------------------------------------------------------------------------------
 
 
-def test_closing_the_hub_waits_for_a_table_read_in_progress() -> None:
-    """The daemon and a scenario close the probe right after the hub (the scenario detaches the table source):
-    both must wait for a read of the kernel flow map in progress, and nothing may read the probe afterwards, as
-    FlowCollector.close() waits for a scrape. A real probe and a real flow; the read is held inside the real table
-    source. The tick runs in a thread of the test, as a broadcaster still reading after close()'s join of it timed
-    out (2 s: a slow read of a big map on a busy host) would."""
+@contextlib.contextmanager
+def _loopback_flow_in_probe(cc: str | None = None) -> Iterator[tuple[int, TableSource]]:
+    """A real probe with a loopback flow (both ends this process's) in its flow map: the sink's port, and a
+    table source of that probe filtered to that port."""
     require_root()
     require_bpf_object()
     sink_port = free_port()
@@ -438,47 +436,57 @@ def test_closing_the_hub_waits_for_a_table_read_in_progress() -> None:
     sender = None
     try:
         with TelemetryProbe(ProbeOptions()) as probe:
-            sender = connect(socket.AF_INET, "127.0.0.1", sink_port)
+            sender = connect(socket.AF_INET, "127.0.0.1", sink_port, **({"cc": cc} if cc else {}))
             sender.sendall(b"x" * 100_000)
-            real = table_source(probe, lambda: FlowFilter(ports={sink_port}))
-            assert wait_for(lambda: real()[1] == 2, timeout=10), "the flow never reached the flow map"
-            for detach in ("close", "set_table_source"):
-                inside, release, reads = threading.Event(), threading.Event(), []
-
-                def held(reads=reads, inside=inside, release=release):
-                    inside.set()
-                    release.wait(10)
-                    reads.append(real())
-                    return reads[-1]
-
-                hub = Hub(table_source=held, table_rows=table_rows)
-                try:
-                    reader = threading.Thread(target=hub.tick)
-                    reader.start()
-                    assert inside.wait(10), "tick() never read the table"
-                    stop = hub.close if detach == "close" else lambda hub=hub: hub.set_table_source(None)
-                    closer = threading.Thread(target=stop)
-                    closer.start()
-                    closer.join(0.5)
-                    assert closer.is_alive(), f"{detach}() returned while the table was being read"
-                    release.set()
-                    closer.join(10)
-                    reader.join(10)
-                    assert not closer.is_alive() and not reader.is_alive()
-                    [(flows, total)] = reads  # the held read completed, on the open probe
-                    assert total == 2 and sink_port in {f.dport for f in flows}
-                    assert hub._table["total"] == 2
-                    inside.clear()
-                    hub._table_at = hub._table_read_at = 0.0  # the next tick is due for a table read
-                    hub.tick()
-                    assert not inside.is_set() and len(reads) == 1, "the table source was read after the detach"
-                finally:
-                    release.set()
-                    hub.close()
+            source = table_source(probe, lambda: FlowFilter(ports={sink_port}))
+            assert wait_for(lambda: source()[1] == 2, timeout=10), "the flows never reached the flow map"
+            yield sink_port, source
     finally:
         if sender is not None:
             sender.close()
         sink.close()
+
+
+def test_closing_the_hub_waits_for_a_table_read_in_progress() -> None:
+    """The daemon and a scenario close the probe right after the hub (the scenario detaches the table source):
+    both must wait for a read of the kernel flow map in progress, and nothing may read the probe afterwards, as
+    FlowCollector.close() waits for a scrape. A real probe and a real flow; the read is held inside the real table
+    source. The tick runs in a thread of the test, as a broadcaster still reading after close()'s join of it timed
+    out (2 s: a slow read of a big map on a busy host) would."""
+    with _loopback_flow_in_probe() as (sink_port, real):
+        for detach in ("close", "set_table_source"):
+            inside, release, reads = threading.Event(), threading.Event(), []
+
+            def held(reads=reads, inside=inside, release=release):
+                inside.set()
+                release.wait(10)
+                reads.append(real())
+                return reads[-1]
+
+            hub = Hub(table_source=held, table_rows=table_rows)
+            try:
+                reader = threading.Thread(target=hub.tick)
+                reader.start()
+                assert inside.wait(10), "tick() never read the table"
+                stop = hub.close if detach == "close" else lambda hub=hub: hub.set_table_source(None)
+                closer = threading.Thread(target=stop)
+                closer.start()
+                closer.join(0.5)
+                assert closer.is_alive(), f"{detach}() returned while the table was being read"
+                release.set()
+                closer.join(10)
+                reader.join(10)
+                assert not closer.is_alive() and not reader.is_alive()
+                [(flows, total)] = reads  # the held read completed, on the open probe
+                assert total == 2 and sink_port in {f.dport for f in flows}
+                assert hub._table["total"] == 2
+                inside.clear()
+                hub._table_at = hub._table_read_at = 0.0  # the next tick is due for a table read
+                hub.tick()
+                assert not inside.is_set() and len(reads) == 1, "the table source was read after the detach"
+            finally:
+                release.set()
+                hub.close()
 
 
 def test_the_table_and_a_scrape_read_the_flow_map_at_once() -> None:
@@ -553,49 +561,35 @@ def test_the_table_names_bpf_algorithms_processes_and_cgroups(tmp_path: Path) ->
     """The table of the daemon's page, from a real probe: a Vegas flow says `vegas (BPF)` where ccscope's program
     runs it (the registrations on the host, as `ccscope cc list` shows them), and COMM and CGROUP/POD are there
     when the flows name a process and a cgroup resolver is at hand, not otherwise."""
-    require_root()
-    require_bpf_object()
-    sink_port = free_port()
-    sink = Sink(socket.AF_INET, "127.0.0.1", sink_port)
-    sender = None
-    try:
-        with _bpf_vegas() as vegas, TelemetryProbe(ProbeOptions()) as probe:
-            sender = connect(socket.AF_INET, "127.0.0.1", sink_port, cc="vegas")
-            sender.sendall(b"x" * 100_000)
-            source = table_source(probe, lambda: FlowFilter(ports={sink_port}))
-            assert wait_for(lambda: source()[1] == 2, timeout=10), "the flows never reached the flow map"
-            attributor = Attributor.open(None, str(tmp_path / "no-pods"))
-            hub = Hub(table_source=source, table_rows=functools.partial(table_rows, attributor=attributor),
-                      cc_names=shown_names)
-            try:
-                page = hub.connect()
-                table = wait_for(lambda: _last_table(page), timeout=10)
-            finally:
-                hub.close()
-                attributor.close()
-            assert table, "no table pushed"
-            titles = [c.title for c in FLOW_COLUMNS]
-            assert table["columns"] == [*titles, "COMM", "CGROUP/POD"]
-            assert table["numeric"] == [c.spec[0] == ">" for c in FLOW_COLUMNS] + [False, False]
-            rows = [dict(zip(table["columns"], r["cells"], strict=True)) for r in table["rows"]]
-            [client] = [r for r in rows if r["FLOW"].endswith(f"->127.0.0.1:{sink_port}")]
-            [accepted] = [r for r in rows if r is not client]
-            assert client["CC"] == vegas  # the accepted side runs the listener's (the host's default) algorithm
-            assert accepted["CC"] == probe_default_cc()
-            comm = Path("/proc/self/comm").read_text().strip()
-            cgroup = _own_cgroup()
-            for row in (client, accepted):  # both sockets are this process's: it connected and it listened
-                assert row["COMM"] == comm
-                assert row["CGROUP/POD"] == cgroup or row["CGROUP/POD"][1:] == cgroup[-35:]
-            # no cgroup resolver (a scenario's page): no CGROUP/POD column; no process known: no COMM either
-            bare = table_rows(source())
-            assert bare["columns"] == [*titles, "COMM"]
-            nameless = [dataclasses.replace(f, comm="") for f in source()[0]]
-            assert table_rows((nameless, 2))["columns"] == titles
-    finally:
-        if sender is not None:
-            sender.close()
-        sink.close()
+    with _bpf_vegas() as vegas, _loopback_flow_in_probe(cc="vegas") as (sink_port, source):
+        attributor = Attributor.open(None, str(tmp_path / "no-pods"))
+        hub = Hub(table_source=source, table_rows=functools.partial(table_rows, attributor=attributor),
+                  cc_names=shown_names)
+        try:
+            page = hub.connect()
+            table = wait_for(lambda: _last_table(page), timeout=10)
+        finally:
+            hub.close()
+            attributor.close()
+        assert table, "no table pushed"
+        titles = [c.title for c in FLOW_COLUMNS]
+        assert table["columns"] == [*titles, "COMM", "CGROUP/POD"]
+        assert table["numeric"] == [c.spec[0] == ">" for c in FLOW_COLUMNS] + [False, False]
+        rows = [dict(zip(table["columns"], r["cells"], strict=True)) for r in table["rows"]]
+        [client] = [r for r in rows if r["FLOW"].endswith(f"->127.0.0.1:{sink_port}")]
+        [accepted] = [r for r in rows if r is not client]
+        assert client["CC"] == vegas  # the accepted side runs the listener's (the host's default) algorithm
+        assert accepted["CC"] == probe_default_cc()
+        comm = Path("/proc/self/comm").read_text().strip()
+        cgroup = _own_cgroup()
+        for row in (client, accepted):  # both sockets are this process's: it connected and it listened
+            assert row["COMM"] == comm
+            assert row["CGROUP/POD"] == cgroup or row["CGROUP/POD"][1:] == cgroup[-35:]
+        # no cgroup resolver (a scenario's page): no CGROUP/POD column; no process known: no COMM either
+        bare = table_rows(source())
+        assert bare["columns"] == [*titles, "COMM"]
+        nameless = [dataclasses.replace(f, comm="") for f in source()[0]]
+        assert table_rows((nameless, 2))["columns"] == titles
 
 
 def probe_default_cc() -> str:
