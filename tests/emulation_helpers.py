@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ccscope.cc import registry
-from ccscope.emulation import state
+from ccscope.host import state
 from pyroute2 import IPRoute
 
 SYSCTLS = (

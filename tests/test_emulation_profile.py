@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from ccscope.emulation import PathProfile, QueueSize, available_algorithms, require_algorithms
-from ccscope.emulation._system import need
+from ccscope.emulation import PathProfile, QueueSize
 from ccscope.emulation.profile import SHORT_FLOW_PORT, Isolation, LinkProfile
 from ccscope.errors import PrerequisiteError, UsageError
+from ccscope.host.algorithms import available_algorithms, require_algorithms
+from ccscope.hosttools import need
 
 
 @pytest.mark.parametrize(

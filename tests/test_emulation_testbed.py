@@ -15,12 +15,13 @@ import time
 from pathlib import Path
 
 import pytest
-from ccscope.emulation import PathProfile, Testbed, cleanup_all, probe_backends
-from ccscope.emulation import state as emu_state
+from ccscope.emulation import PathProfile, Testbed, probe_backends
 from ccscope.emulation.backends import DELAYLINE, SHAPER_HANDLE, qdisc_stats_by_handle
-from ccscope.emulation.netns import in_netns
+from ccscope.emulation.netns import iproute_in
 from ccscope.emulation.profile import ETH_FRAME as FRAME
 from ccscope.emulation.profile import SHORT_FLOW_PORT
+from ccscope.host import state as emu_state
+from ccscope.host.state import cleanup_all
 from emulation_helpers import HostSnapshot
 from prereqs import require, require_root, require_tools
 
@@ -140,7 +141,7 @@ def shaper_backlogs(tb: Testbed, stop: threading.Event, out: list[int]) -> None:
         idx = ipr.link_lookup(ifname="veth-rr")[0]
         while not stop.wait(0.01):
             out.append(qdisc_stats_by_handle(ipr, idx)[SHAPER_HANDLE]["backlog"])
-    in_netns(tb.router_ns, poll)
+    iproute_in(tb.router_ns, poll)
 
 
 def loaded_rtt(queue: str, fill_packets: int) -> tuple[list[float], list[int], dict]:

@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from ccscope.emulation import algorithms, state
+from ccscope.host import algorithms, state
 from prereqs import require, require_root
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from ccscope.cc.provide import kernel_algorithms
-from ccscope.emulation import state
+from ccscope.host import state
 from ccscope.scenario import results
 from ccscope.scenario.recorder import CSV_HEADER
 from emulation_helpers import HostSnapshot

@@ -198,7 +198,7 @@ def test_cli_out_that_cannot_be_a_directory_is_one_line(ccscope_cmd, tmp_path, o
 def test_cli_unavailable_algorithm_names_the_available_ones(ccscope_cmd, tmp_path):
     require_root()
     require(shutil.which("iperf3") is not None, "iperf3 missing")
-    from ccscope.emulation.algorithms import available_algorithms
+    from ccscope.host.algorithms import available_algorithms
 
     require("hybla" not in available_algorithms(), "this kernel has hybla")
     out = tmp_path / "out"

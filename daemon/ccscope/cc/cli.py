@@ -7,8 +7,8 @@ import os
 import signal
 import threading
 
-from ccscope.emulation import algorithms
 from ccscope.errors import PrerequisiteError, UsageError
+from ccscope.host import algorithms
 
 from . import catalog, provide, registry, structops
 

@@ -8,8 +8,8 @@ import threading
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
-from ccscope.emulation import algorithms
 from ccscope.errors import PrerequisiteError
+from ccscope.host import algorithms
 
 from . import catalog, registry, structops
 

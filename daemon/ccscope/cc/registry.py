@@ -3,7 +3,7 @@
 A registration is host-wide, so one record per kernel name in <state dir>/cc-registrations.json lists
 its users (process id + start time + a token per use) and whether `ccscope cc load` holds it. The first
 user registers; the last one to leave unregisters, so two scenarios running at once never pull each
-other's algorithm away. Every change happens under the same lock as the run state (emulation.state), so
+other's algorithm away. Every change happens under the same lock as the run state (host.state), so
 it is ordered with the init namespace's tcp_allowed_congestion_control changes. `cleanup()` drops users
 whose process died (kill -9) and unregisters what nobody uses any more.
 """
@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ccscope.emulation import state
+from ccscope.host import state
 
 from . import catalog, structops
 
@@ -96,11 +96,6 @@ def current() -> dict[str, Registration]:
     """The registrations in place now, for observers (the daemon's live page): read without the lock and
     without writing, so that they neither wait for a run's state changes nor change the state directory."""
     return {name: reg for name, reg in _load().items() if structops.is_registered(reg.map_id, name)}
-
-
-def owned(name: str) -> bool:
-    """Is kernel name `name` currently registered by ccscope?"""
-    return name in registrations()
 
 
 def acquire(name: str, what: str) -> tuple[Registration, str]:

@@ -20,8 +20,8 @@ from functools import cache
 from pathlib import Path
 
 from ccscope import loader
-from ccscope.emulation import algorithms
 from ccscope.errors import BpfError, PrerequisiteError
+from ccscope.host import algorithms
 from ccscope.libbpf import Libbpf
 
 from . import catalog

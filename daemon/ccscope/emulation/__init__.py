@@ -6,10 +6,8 @@
         tb.run(tb.sender_ns, ["iperf3", "-c", tb.receiver_addr, "-t", "5"], timeout=20)
 """
 
-from .algorithms import available_algorithms, require_algorithms
 from .backends import Capabilities, probe_backends
 from .profile import Isolation, LinkProfile, PathProfile, QueueSize
-from .state import cleanup_all
 from .testbed import Testbed, VerifyResult
 
 __all__ = [
@@ -20,8 +18,5 @@ __all__ = [
     "QueueSize",
     "Testbed",
     "VerifyResult",
-    "available_algorithms",
-    "cleanup_all",
     "probe_backends",
-    "require_algorithms",
 ]

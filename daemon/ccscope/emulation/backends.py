@@ -38,9 +38,9 @@ from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl import tcmsg
 
 from ccscope.errors import CcscopeError, PrerequisiteError
+from ccscope.hosttools import need, sh
 
-from ._system import in_ns, need, sh
-from .netns import in_netns
+from .netns import iproute_in, ns_argv
 from .profile import ETH_FRAME, LinkProfile
 
 DELAYLINE = Path(__file__).with_name("ccscope-delayline")
@@ -117,11 +117,11 @@ def probe_backends() -> Capabilities:
         return found
 
     try:
-        found = in_netns(ns, try_qdiscs)
+        found = iproute_in(ns, try_qdiscs)
         try:
             need("iptables")
             rule = ["-t", "mangle", "-A", "FORWARD", "-j", "NFQUEUE", "--queue-num", "0"]
-            proc = sh(in_ns(ns, ["iptables", "-w", *rule]), check=False)
+            proc = sh(ns_argv(ns, ["iptables", "-w", *rule]), check=False)
             nfqueue_error = "" if proc.returncode == 0 else (proc.stderr.strip() or "iptables failed")
         except PrerequisiteError as exc:
             nfqueue_error = str(exc)

@@ -1,4 +1,5 @@
-"""pyroute2 inside a named network namespace, without pyroute2's own netns support.
+"""Reaching into a named network namespace: a command line (`ns_argv`), or pyroute2 (`iproute_in`) without
+pyroute2's own netns support.
 
 pyroute2 0.9 creates a namespaced socket in a forked helper process and retries it on timeouts; on this
 machine that occasionally handed back a socket in the wrong namespace (links "missing"). Instead we
@@ -23,7 +24,12 @@ _libc = ctypes.CDLL(None, use_errno=True)
 T = TypeVar("T")
 
 
-def in_netns(ns: str, fn: Callable[[IPRoute], T]) -> T:
+def ns_argv(ns: str, argv: list[str]) -> list[str]:
+    """The command line that runs argv inside namespace `ns`."""
+    return ["ip", "netns", "exec", ns, *argv]
+
+
+def iproute_in(ns: str, fn: Callable[[IPRoute], T]) -> T:
     """Runs fn(ipr) with an IPRoute bound to namespace `ns`; returns its result or raises its error."""
     box: dict = {}
 

@@ -27,10 +27,11 @@ from pathlib import Path
 from pyroute2 import IPRoute
 
 from ccscope.errors import CcscopeError, UsageError
+from ccscope.host import algorithms, state
+from ccscope.hosttools import need, sh
 
-from . import algorithms, backends, pathcheck, state
-from ._system import in_ns, need, sh
-from .netns import in_netns
+from . import backends, pathcheck
+from .netns import iproute_in, ns_argv
 from .profile import ETH_FRAME, PathProfile
 
 SENDER_ADDR = "192.0.2.2"
@@ -142,14 +143,14 @@ class Testbed:
                 (r, "veth-rr", f"{ROUTER_RECEIVER_ADDR}/24", None),
                 (c, "veth-r", f"{RECEIVER_ADDR}/24", ROUTER_RECEIVER_ADDR)]
         for ns, dev, addr, gw in plan:
-            in_netns(ns, lambda ipr, dev=dev, addr=addr, gw=gw: _configure(ipr, dev, addr, gw))
+            iproute_in(ns, lambda ipr, dev=dev, addr=addr, gw=gw: _configure(ipr, dev, addr, gw))
             self._disable_offloads(ns, dev)
-        sh(in_ns(r, ["sysctl", "-q", "-w", "net.ipv4.ip_forward=1"]))
+        sh(ns_argv(r, ["sysctl", "-q", "-w", "net.ipv4.ip_forward=1"]))
 
     def _disable_offloads(self, ns: str, dev: str) -> None:
         args = [x for o in OFFLOADS for x in (o, "off")]
-        sh(in_ns(ns, ["ethtool", "-K", dev, *args]))
-        shown = sh(in_ns(ns, ["ethtool", "-k", dev])).stdout
+        sh(ns_argv(ns, ["ethtool", "-K", dev, *args]))
+        shown = sh(ns_argv(ns, ["ethtool", "-k", dev])).stdout
         names = {"tso": "tcp-segmentation-offload", "gso": "generic-segmentation-offload",
                  "gro": "generic-receive-offload"}
         got = {}
@@ -170,7 +171,7 @@ class Testbed:
                 idx = _ifindex(ipr, egress[direction])
                 self.installed[direction] = backends.apply_link(ipr, idx, link, self.backend, rtt)
 
-        in_netns(self.router_ns, apply)
+        iproute_in(self.router_ns, apply)
         for queue_num, (direction, link) in enumerate((("up", self.profile.up), ("down", self.profile.down))):
             in_kernel = self.backend == "netem" and not link.trace
             if in_kernel or not (link.delay_s or link.jitter_s or link.loss or link.trace):
@@ -181,7 +182,7 @@ class Testbed:
             dl.start(self.popen)  # bound to its queue before any packet is sent there
             self._delaylines[direction] = dl
             # No --queue-bypass: without the delay line packets must not pass undelayed.
-            sh(in_ns(self.router_ns, ["iptables", "-t", "mangle", "-A", "FORWARD", "-i", ingress[direction],
+            sh(ns_argv(self.router_ns, ["iptables", "-t", "mangle", "-A", "FORWARD", "-i", ingress[direction],
                                       "-o", egress[direction], "-j", "NFQUEUE", "--queue-num", str(queue_num)]))
             self.installed[direction]["delayline"] = " ".join(dl.argv[1:])
 
@@ -235,7 +236,7 @@ class Testbed:
             raise UsageError(f"{ns} is not a namespace of this testbed")
         need(argv[0])
         kw.setdefault("start_new_session", True)
-        proc = subprocess.Popen(in_ns(ns, argv), **kw)
+        proc = subprocess.Popen(ns_argv(ns, argv), **kw)
         self._procs.append(proc)
         return proc
 
@@ -269,8 +270,8 @@ class Testbed:
         assert self._state is not None, "set_algorithm needs an entered Testbed"
         state.allow_algorithm(self._state, algorithm)
         for ns in (self.sender_ns, self.receiver_ns):
-            sh(in_ns(ns, ["sysctl", "-q", "-w", f"net.ipv4.tcp_congestion_control={algorithm}"]))
-            got = sh(in_ns(ns, ["sysctl", "-n", "net.ipv4.tcp_congestion_control"])).stdout.strip()
+            sh(ns_argv(ns, ["sysctl", "-q", "-w", f"net.ipv4.tcp_congestion_control={algorithm}"]))
+            got = sh(ns_argv(ns, ["sysctl", "-n", "net.ipv4.tcp_congestion_control"])).stdout.strip()
             if got != algorithm:
                 raise CcscopeError(f"{ns} uses {got} after setting {algorithm}")
         self.algorithm = algorithm
@@ -292,7 +293,7 @@ class Testbed:
                                   ipr.get_links(idx)[0].get_attr("IFLA_STATS64") or {})
             return out
 
-        kernel = in_netns(self.router_ns, read)
+        kernel = iproute_in(self.router_ns, read)
         out: dict[str, dict[str, int]] = {}
         for direction, (qd, classes, st64) in kernel.items():
             # Parents count their children's drops: the shaper (tbf/htb 2:) holds every queue drop
@@ -328,7 +329,7 @@ class Testbed:
     def egress_bytes(self, direction: str = "up") -> int:
         """Bytes (layer 2) that have left the router towards the receiver ("up") or the sender ("down")."""
         dev = {"up": "veth-rr", "down": "veth-rs"}[direction]
-        return in_netns(self.router_ns,
+        return iproute_in(self.router_ns,
                         lambda ipr: (ipr.get_links(_ifindex(ipr, dev))[0].get_attr("IFLA_STATS64") or {})["tx_bytes"])
 
     def udp_rate(self, offered_bps: float, seconds: float = pathcheck.MIN_WINDOW_S, frame_bytes: int = FRAME,
@@ -353,7 +354,7 @@ class Testbed:
                                                  "-t", str(math.ceil(startup + 3 * seconds + 2))],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
             busy = pathcheck.start_backlog(self.profile, frame_bytes)
-            samples = in_netns(self.router_ns, lambda ipr: _egress_samples(ipr, client, startup, seconds,
+            samples = iproute_in(self.router_ns, lambda ipr: _egress_samples(ipr, client, startup, seconds,
                                                                            frame_bytes, busy))
             fit = pathcheck.saturated_rate(samples, seconds)
             if fit is None:

@@ -14,8 +14,6 @@ from pathlib import Path
 from ccscope.errors import PrerequisiteError, UsageError
 from ccscope.units import DEFAULT_LISTEN, parse_listen
 
-from . import store
-
 
 def register(sub) -> None:
     sc = sub.add_parser("scenario", help="run a congestion-control experiment: list | run FILE | NAME",
@@ -92,9 +90,8 @@ def _run(scenario, args: argparse.Namespace) -> int:
                              listen_explicit=args.listen is not None, skip_unavailable=args.skip_unavailable,
                              backend=args.backend, quick=args.quick, verify=not args.no_verify, resume=resume,
                              cleanup_stale=args.cleanup_stale)
-    from . import report  # matplotlib only once there is something to plot
-
-    out, doc = runner.run(scenario, options, finish=report.render)
+    out, doc = runner.run(scenario, options, finish=_render)
+    from . import report
     html = out / "report.html"
     print(report.summary_table(doc))
     for warning in doc["warnings"]:
@@ -103,6 +100,12 @@ def _run(scenario, args: argparse.Namespace) -> int:
         print(f"ccscope: error in results: {error}", file=sys.stderr)
     print(f"\nresults: {out}/results.json\nreport:  {html}")
     return 1 if doc["errors"] else 0
+
+
+def _render(out: Path, doc: dict) -> Path:
+    from . import report  # matplotlib (~0.5 s) only once there is something to plot, never before the checks
+
+    return report.render(out, doc)
 
 
 def _list() -> int:
@@ -125,7 +128,7 @@ def _list() -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from . import report
+    from . import report, store
 
     directory = Path(args.directory)
     if not directory.is_dir():
@@ -149,7 +152,7 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
         raise PrerequisiteError("cleanup needs root (it removes network namespaces and restores sysctls)",
                                 "run with sudo")
     from ccscope.cc import registry
-    from ccscope.emulation import cleanup_all
+    from ccscope.host.state import cleanup_all
 
     removed = cleanup_all(include_live=args.all) + registry.cleanup(include_live=args.all)
     for item in removed:

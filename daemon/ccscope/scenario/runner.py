@@ -16,11 +16,11 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from ccscope.cc.provide import check_forced, providable, provided
-from ccscope.emulation import state
 from ccscope.emulation.testbed import Testbed
 from ccscope.errors import CcscopeError, PrerequisiteError, UsageError
 from ccscope.exporter import FlowCollector
 from ccscope.flows import FlowFilter, FlowSelection, FlowTable
+from ccscope.host import state
 from ccscope.hosttools import SCENARIO_TOOLS, need
 from ccscope.live.app import LiveApp, table_rows, table_source
 from ccscope.live.hub import MAX_CLIENTS as MAX_PAGES

@@ -23,8 +23,9 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ccscope.hosttools import sh
+
 from . import algorithms
-from ._system import sh
 
 NS_PREFIX = "ccs-"
 _PROBE_NS = re.compile(r"^ccs-probe-(\d+)-")
