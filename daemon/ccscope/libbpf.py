@@ -25,10 +25,6 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _libc.vsnprintf.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_void_p]
 
 
-class _BatchOpts(ctypes.Structure):
-    _fields_ = [("sz", ctypes.c_size_t), ("elem_flags", ctypes.c_uint64), ("flags", ctypes.c_uint64)]
-
-
 def _signatures(lib: ctypes.CDLL) -> None:
     p, i, u32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32
     table: dict[str, tuple[list, object]] = {
@@ -43,7 +39,6 @@ def _signatures(lib: ctypes.CDLL) -> None:
         "bpf_object__next_program": ([p, p], p),
         "bpf_program__name": ([p], ctypes.c_char_p),
         "bpf_program__attach": ([p], p),
-        "bpf_program__fd": ([p], i),
         "bpf_link__destroy": ([p], i),
         "bpf_link__disconnect": ([p], None),
         "bpf_map__attach_struct_ops": ([p], p),

@@ -379,13 +379,6 @@ class TelemetryProbe:
             return RingBuffer(self.libbpf, self._maps["samples"], handler)
         return RingBuffer(self.libbpf, self._maps["samples"], lambda records: handler(bt.unpack_flows(records)))
 
-    def program_fds(self) -> dict[str, int]:
-        lib = self.libbpf.lib
-        return {
-            name: lib.bpf_program__fd(lib.bpf_object__find_program_by_name(self._obj, self.programs[name].encode()))
-            for name in PROGRAMS
-        }
-
     def _iterate(self, name: str, key_type: type, value_type: type) -> list[tuple]:
         lib, fd = self.libbpf.lib, self._maps[name]
         items = []

@@ -287,10 +287,6 @@ class LinkProfile:
         return cls(rate_bps=rate, delay_s=delay, jitter_s=jitter, loss=loss, queue=queue, trace=trace,
                    isolate=isolate)
 
-    @property
-    def shaped(self) -> bool:
-        return self.rate_bps is not None or self.trace is not None
-
     def effective_rate_bps(self) -> float | None:
         if self.trace is not None:
             return trace_mean_rate_bps(self.trace)
