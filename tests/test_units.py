@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import ipaddress
 import itertools
 import json
@@ -14,9 +15,9 @@ from ccscope import bpf_types as bt
 from ccscope.cli import _trace_line, format_flows
 from ccscope.errors import UsageError
 from ccscope.exporter import histogram_buckets
-from ccscope.flows import FLOW_COLUMNS, FlowFilter, FlowSelection, decode, format_bytes, format_rate, record_fields
+from ccscope.flows import FLOW_COLUMNS, FlowFilter, FlowSelection, decode, record_fields
 from ccscope.flowscan import FlowColumns
-from ccscope.units import parse_duration, parse_listen, parse_loss, parse_rate, parse_size
+from ccscope.units import format_bytes, format_rate, parse_duration, parse_listen, parse_loss, parse_rate, parse_size
 
 
 def raw_flow(**fields) -> bt.Flow:
@@ -229,15 +230,21 @@ def test_histogram_buckets_cumulative_in_seconds() -> None:
     assert all(x[1] <= y[1] for x, y in itertools.pairwise(buckets))
 
 
-@pytest.mark.parametrize("value, text", [(None, "-"), (125_000, "1.0Mb"), (1.25e8, "1.0Gb"), (100, "800b"),
-                                         (1250, "10.0kb")])
-def test_rate_format(value, text: str) -> None:
-    assert format_rate(value) == text
+@pytest.mark.parametrize("value, text", [(1e6, "1.0Mb"), (1e9, "1.0Gb"), (800, "800b"), (1e4, "10.0kb")])
+def test_rate_cell_format(value, text: str) -> None:
+    assert format_rate(value, cell=True) == text
 
 
 @pytest.mark.parametrize("value, text", [(512, "512"), (2048, "2.0K"), (3 << 20, "3.0M"), (5 << 30, "5.0G")])
-def test_bytes_format(value: int, text: str) -> None:
-    assert format_bytes(value) == text
+def test_bytes_cell_format(value: int, text: str) -> None:
+    assert format_bytes(value, cell=True) == text
+
+
+def test_flows_table_rate_cells_are_bits_per_second() -> None:
+    flow = dataclasses.replace(decode(raw_flow(saddr="192.0.2.1", daddr="192.0.2.2")),
+                               delivery_rate_Bps=125_000, pacing_rate_Bps=None)
+    cells = {c.title: c.text(flow) for c in FLOW_COLUMNS}
+    assert (cells["DELIVERY"], cells["PACING"]) == ("1.0Mb", "-")
 
 
 def test_format_flows_table() -> None:

@@ -17,6 +17,7 @@ from . import bpf_types as bt
 from .attribution import Attribution, Attributor
 from .errors import UsageError
 from .flowscan import FlowColumns
+from .units import format_bytes, format_rate
 
 CA_STATES = ("open", "disorder", "cwr", "recovery", "loss")
 TCP_STATES = {
@@ -375,21 +376,8 @@ class FlowTable:
 # --- the columns of `ccscope flows` (also the live page's table) ------------------------------------------
 
 
-def format_rate(bytes_per_s: float | None) -> str:
-    if bytes_per_s is None:
-        return "-"
-    bits = bytes_per_s * 8
-    for unit, scale in (("Gb", 1e9), ("Mb", 1e6), ("kb", 1e3)):
-        if bits >= scale:
-            return f"{bits / scale:.1f}{unit}"
-    return f"{bits:.0f}b"
-
-
-def format_bytes(count: int) -> str:
-    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if count >= scale:
-            return f"{count / scale:.1f}{unit}"
-    return str(count)
+def _rate_cell(bytes_per_s: float | None) -> str:
+    return "-" if bytes_per_s is None else format_rate(bytes_per_s * 8, cell=True)
 
 
 class Column(NamedTuple):
@@ -410,10 +398,10 @@ FLOW_COLUMNS: tuple[Column, ...] = (
     Column("SRTT", ">8", lambda f: f"{f.srtt_s * 1e3:.2f}ms", lambda f: f.srtt_s),
     Column("MINRTT", ">8", lambda f: "-" if f.min_rtt_s is None else f"{f.min_rtt_s * 1e3:.2f}ms",
            lambda f: -1 if f.min_rtt_s is None else f.min_rtt_s),
-    Column("DELIVERY", ">9", lambda f: format_rate(f.delivery_rate_Bps), lambda f: f.delivery_rate_Bps),
-    Column("PACING", ">9", lambda f: format_rate(f.pacing_rate_Bps),
+    Column("DELIVERY", ">9", lambda f: _rate_cell(f.delivery_rate_Bps), lambda f: f.delivery_rate_Bps),
+    Column("PACING", ">9", lambda f: _rate_cell(f.pacing_rate_Bps),
            lambda f: -1 if f.pacing_rate_Bps is None else f.pacing_rate_Bps),
-    Column("BYTES", ">7", lambda f: format_bytes(f.bytes_total), lambda f: f.bytes_total),
+    Column("BYTES", ">7", lambda f: format_bytes(f.bytes_total, cell=True), lambda f: f.bytes_total),
     Column("RETRANS", ">7", lambda f: str(f.retransmits), lambda f: f.retransmits),
 )
 

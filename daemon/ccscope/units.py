@@ -96,8 +96,11 @@ def format_seconds(seconds: float) -> str:
     return f"{seconds * 1e3:g}ms" if seconds < 1 else f"{seconds:g}s"
 
 
-def format_bytes(n: float) -> str:
-    """Decimal units as people write sizes: 5KB, 2MB, 1GiB where a power of two is exact."""
+def format_bytes(n: float, *, cell: bool = False) -> str:
+    """Sizes as people write them: 5KB, 2MB, 1GiB where a power of two is exact. cell=True: a table cell of
+    at most 6 characters, binary as in `ss` and `top` (2.0K, 3.0M), whole bytes below 1 KiB."""
+    if cell:
+        return _cell(n, (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)), f"{n:.0f}")
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20)):
         if n >= scale and n % scale == 0:
             return f"{n // scale:g}{unit}"
@@ -107,11 +110,21 @@ def format_bytes(n: float) -> str:
     return f"{n:g}B"
 
 
-def format_rate(bps: float) -> str:
+def format_rate(bps: float, *, cell: bool = False) -> str:
+    """A bit rate: 10 Mbit/s; cell=True: a table cell with one decimal, 10.0Mb."""
+    if cell:
+        return _cell(bps, (("Gb", 1e9), ("Mb", 1e6), ("kb", 1e3)), f"{bps:.0f}b")
     for unit, scale in (("Gbit/s", 1e9), ("Mbit/s", 1e6), ("kbit/s", 1e3)):
         if bps >= scale:
             return f"{bps / scale:g} {unit}"
     return f"{bps:g} bit/s"
+
+
+def _cell(value: float, units: tuple[tuple[str, float], ...], below: str) -> str:
+    for unit, scale in units:
+        if value >= scale:
+            return f"{value / scale:.1f}{unit}"
+    return below
 
 
 def is_number(v: Any) -> bool:
