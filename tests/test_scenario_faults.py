@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from ccscope.emulation import PathProfile, Testbed, state
+from ccscope.emulation import PathProfile, Testbed
+from ccscope.host import state
 from ccscope.scenario import results, store
 from emulation_helpers import HostSnapshot
 from nethelpers import held_prog_ids
