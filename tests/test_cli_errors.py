@@ -60,6 +60,10 @@ def assert_one_line_error(result: subprocess.CompletedProcess, code: int, *needl
     (["flows", "--cgroup", "kubepods.slice"], "--cgroup 'kubepods.slice'"),
     (["trace", "--comm", "a-name-longer-than-15"], "--comm 'a-name-longer-than-15'"),
     (["trace", "--duration", "forever"], "--duration"),
+    (["trace", "--duration", "0"], "--duration '0' is shorter than 1ms (leave --duration out"),  # ran forever
+    (["daemon", "--labels", "comm,comm"], "--labels 'comm,comm': comm is listed twice"),
+    (["daemon", "--labels", ""], "--labels '': no label named"),
+    (["daemon", "--labels", "comm,,pod"], "--labels 'comm,,pod': an empty name"),
     # negative values are refused by the flag's own check, not "expected one argument"
     (["flows", "--interval", "-1s"], "--interval '-1s' is negative"),
     (["trace", "--duration", "-5s"], "--duration '-5s' is negative"),

@@ -348,13 +348,26 @@ class LabelOptions:
 
     @classmethod
     def parse(cls, text: str | None, cgroup_depth: int = 0) -> LabelOptions:
-        chosen = tuple(dict.fromkeys(p.strip() for p in (text or "").split(",") if p.strip()))
-        unknown = [c for c in chosen if c not in LABEL_OPTIONS]
-        if unknown:
-            raise UsageError(f"--labels {unknown[0]!r} is not one of {','.join(LABEL_OPTIONS)}")
+        chosen = cls._names(text) if text is not None else ()
         if not 0 <= cgroup_depth <= 64:
             raise UsageError(f"--cgroup-depth {cgroup_depth} is out of range 0..64")
         return cls(tuple(c for c in LABEL_OPTIONS if c in chosen), cgroup_depth)
+
+    @staticmethod
+    def _names(text: str) -> tuple[str, ...]:
+        """The flag's list as typed: an empty list, an empty name or a name given twice is a mistake, said so."""
+        names = [p.strip() for p in text.split(",")]
+        if not any(names):
+            raise UsageError(f"--labels {text!r}: no label named (any of {','.join(LABEL_OPTIONS)}; "
+                             "leave the flag out for none)")
+        for i, name in enumerate(names):
+            if not name:
+                raise UsageError(f"--labels {text!r}: an empty name between commas (e.g. comm,pod)")
+            if name not in LABEL_OPTIONS:
+                raise UsageError(f"--labels {name!r} is not one of {','.join(LABEL_OPTIONS)}")
+            if name in names[:i]:
+                raise UsageError(f"--labels {text!r}: {name} is listed twice")
+        return tuple(names)
 
     @property
     def enabled(self) -> bool:

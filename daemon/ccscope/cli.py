@@ -324,8 +324,17 @@ def _trace_line(fields: dict, wall_offset: float, as_json: bool, attributor: Att
             f"retrans={flow.retransmits} {flow.ca_state}{' CLOSED' if flow.closed_ns else ''}").encode()
 
 
+def _trace_duration(raw: str | None) -> float | None:
+    """Seconds to trace, None for until stopped. 0 is refused, as `timeout 0` style "no limit" would surprise
+    someone who typed a length; leaving the flag out is how to trace until Ctrl-C (or --count)."""
+    if raw is None:
+        return None
+    return parse_duration(raw, "--duration", 0.001, 30 * 86400,
+                          too_low="is shorter than {low} (leave --duration out to trace until Ctrl-C)")
+
+
 def cmd_trace(args: argparse.Namespace) -> int:
-    duration = parse_duration(args.duration, "--duration", 0.0, 30 * 86400) if args.duration else None
+    duration = _trace_duration(args.duration)
     if args.count is not None and args.count < 1:
         raise UsageError("--count must be at least 1")
     attributor = _attributor(args, required=False)
@@ -451,7 +460,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     trace = sub.add_parser("trace", help="stream per-flow samples (JSON lines with --json)")
     trace.add_argument("--json", action="store_true", help="JSON lines instead of text")
-    trace.add_argument("--duration", help="stop after this long (e.g. 30s)")
+    trace.add_argument("--duration", help="stop after this long (e.g. 30s; without it, until Ctrl-C or --count)")
     trace.add_argument("--count", type=int, help="stop after this many samples")
     _add_probe_flags(trace)
     _add_filters(trace)

@@ -34,10 +34,10 @@ _AMOUNT = re.compile(r"(-?)" + NUMBER + r"\s*([a-zµ]*)")
 
 
 def parse_duration(raw: Any, where: str, low: float = 0.0, high: float = 7 * 86400, *,
-                   too_high: str | None = None) -> float:
+                   too_low: str | None = None, too_high: str | None = None) -> float:
     """'10ms', '200 ms', '1.5s', '2min', '1h', 0.01 (seconds) -> seconds."""
     value = _amount(raw, where, SECONDS_PER, "a duration", "10ms, 2s, 1m")
-    return _within(value, raw, where, low, high, format_seconds, too_high=too_high)
+    return _within(value, raw, where, low, high, format_seconds, too_low=too_low, too_high=too_high)
 
 
 def parse_size(raw: Any, where: str, low: int = 1, high: int = 1 << 40, *, too_high: str | None = None) -> int:
