@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -98,7 +99,14 @@ def test_not_root() -> None:
     require_tools("setpriv")
     require(os.geteuid() == 0, "needs root to drop to nobody")
     result = run_cli("daemon", prefix=("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"))
-    assert_one_line_error(result, PREREQ, "not allowed to load BPF programs", "CAP_BPF")
+    line = assert_one_line_error(result, PREREQ, "not allowed to load BPF programs", "CAP_BPF")
+    # The hint's command, as a user would paste it (nobody for USER, nogroup for GROUP), really gets past the
+    # check: before, it said `setcap ...+ep`, which the kernel ignores on the ccscope script.
+    command = re.search(r"`sudo (setpriv [^`]*) ccscope \.\.\.`", line)
+    assert command, line
+    words = command.group(1).replace("USER", "nobody").replace("GROUP", "nogroup").split()
+    result = run_cli("flows", "--once", "--limit", "1", prefix=tuple(words))
+    assert result.returncode == 0 and "flows, sorted by bytes" in result.stdout, result.stderr
 
 
 def test_capabilities_only_without_bpf_caps() -> None:

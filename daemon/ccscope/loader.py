@@ -85,12 +85,19 @@ def has_bpf_privileges(caps: int | None = None) -> bool:
     return has(CAP_SYS_ADMIN) or (has(CAP_BPF) and has(CAP_PERFMON))
 
 
+AMBIENT_CAPS_COMMAND = ("sudo setpriv --reuid=USER --regid=GROUP --init-groups --inh-caps=+bpf,+perfmon"
+                        " --ambient-caps=+bpf,+perfmon")
+
+
 def preflight() -> None:
     """Fail early, with the fix, on what would otherwise surface as a cryptic libbpf error."""
     if not has_bpf_privileges():
         raise PrerequisiteError(
             "not allowed to load BPF programs (needs root, or CAP_BPF and CAP_PERFMON)",
-            "run with sudo, or grant the capabilities: setcap cap_bpf,cap_perfmon+ep",
+            # Not setcap: the kernel ignores file capabilities on a script (the ccscope entry point is one),
+            # and on the Python interpreter they would give every Python program on the host BPF.
+            f"run it as root (sudo), or with the two as ambient capabilities: `{AMBIENT_CAPS_COMMAND} ccscope ...`"
+            " or AmbientCapabilities= in a systemd unit; setcap on the ccscope script does nothing",
         )
     if not Path(btf_path()).is_file():
         raise PrerequisiteError(
