@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
@@ -47,3 +48,59 @@ def test_daemon_commands_load_no_scenario_stack() -> None:
     allowed = {"ccscope.scenario.cli"}  # the `scenario` subcommands' parser: it imports its stack lazily
     assert heavy == []
     assert sorted(set(stack) - allowed) == []
+
+
+# The layers of docs/architecture.md, lowest first: a module may import its own layer and those below.
+LAYERS = (
+    {"ccscope", "errors", "units", "safe_input", "hosttools", "libbpf", "bpf_types", "exposition", "flowscan"},
+    {"host"},
+    {"cc", "attribution", "flows", "loader", "exporter", "server", "web", "live"},
+    {"emulation"},
+    {"scenario"},
+    {"cli", "check"},
+)
+PACKAGE = ROOT / "daemon" / "ccscope"
+
+
+def _layer(group: str) -> int:
+    return next(i for i, members in enumerate(LAYERS) if group in members)
+
+
+def _group(module: str) -> str:
+    """ccscope.cc.registry -> cc; ccscope.units -> units; ccscope -> ccscope."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def _is_module(parts: list[str]) -> bool:
+    """`from . import x`: x is a module or package, not a name (like __version__)."""
+    path = PACKAGE.parent.joinpath(*parts)
+    return path.is_dir() or path.with_suffix(".py").is_file()
+
+
+def _imports(path) -> list[str]:
+    """Every ccscope module a file imports, at the top or inside a function."""
+    module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__")
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level:
+            base = package.split(".")[: len(package.split(".")) - node.level + 1]
+            found += [".".join([*base, node.module])] if node.module else \
+                [".".join([*base, alias.name]) if _is_module([*base, alias.name]) else ".".join(base)
+                 for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            found.append(node.module or "")
+    return [name for name in found if name.split(".")[0] == "ccscope"]
+
+
+def test_no_package_imports_a_layer_above_its_own() -> None:
+    upward = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        group = _group(".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts))
+        for name in _imports(path):
+            if _layer(_group(name)) > _layer(group):
+                upward.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert upward == []
