@@ -102,12 +102,21 @@ class SharedCollection:
 
 
 class ScrapeCollector(Collector):
-    """How much sharing happens: requests to /metrics against the collections run for them."""
+    """How much sharing happens: requests to /metrics against the collections run for them; and how often the
+    connection limit was reached: connections turned away, and waiting ones closed to make room."""
 
-    def __init__(self, shared: SharedCollection) -> None:
+    def __init__(self, shared: SharedCollection, server: HttpServer | None = None) -> None:
         self.shared = shared
+        self.server = server
 
     def collect(self) -> Iterator[Metric]:
+        if self.server is not None:
+            yield CounterMetricFamily("ccscope_http_connections_refused", "Connections answered 503 and closed: "
+                                      "every slot (--max-connections) was answering a request.",
+                                      value=self.server.refused_total)
+            yield CounterMetricFamily("ccscope_http_connections_displaced", "Waiting connections (silent, sending a "
+                                      "request head, or idle keep-alive) closed to make room for a new one at "
+                                      "--max-connections.", value=self.server.displaced_total)
         yield CounterMetricFamily("ccscope_scrape_requests", "Requests for /metrics, in every format.",
                                   value=self.shared.requests)
         yield CounterMetricFamily("ccscope_scrape_collections", "Collections run for /metrics requests (this one "
@@ -148,6 +157,6 @@ class MetricsServer(HttpServer):
                  auth: Authenticator | None = None, limits: Limits | None = None,
                  extra_headers: list[tuple[str, str]] | None = None) -> None:
         self.metrics = MetricsEndpoint(registry)
-        registry.register(ScrapeCollector(self.metrics.shared))
         routes = {"/metrics": Route(self.metrics), "/": Route(landing_page)}
         super().__init__(host, port, routes, tls=tls, auth=auth, limits=limits, extra_headers=extra_headers)
+        registry.register(ScrapeCollector(self.metrics.shared, self))

@@ -6,6 +6,19 @@ seconds) holds the endpoint. Here the accept loop only accepts. Each connection 
 bounded by `Limits.max_connections`, and that thread does the TLS handshake and reads the request head
 against one overall deadline each. Long-lived streaming responses (server-sent events) have their own,
 smaller limit, so streams can never take the slots that scrapes need.
+
+When every slot is taken, a new connection does not simply get a 503: it takes the slot of a connection that is
+*waiting* (silent, dripping a request head, or idle between keep-alive requests), chosen from the source address
+that holds the most connections, the one waiting longest. One client that fills the table with slow requests
+(150 connections each sending `GET /metrics` a byte a second against 128 slots: 0 of 50 scrapes answered before
+this) then only displaces its own connections, and a scraper's fresh, complete request is read within a
+millisecond of its connect, long before 127 later connections could make it the oldest. The address matters for a
+scraper elsewhere (Prometheus on another host is never the address with the most connections while an attacker
+floods); on loopback, where an attacker and the scraper share 127.0.0.1, the age does: the scraper's connection is
+the newest. Connections being answered (a head read, a handler running, a response or stream being written) are
+never displaced; only when all are, the newcomer gets the 503. The displaced connection is closed without an
+answer: an idle keep-alive client reconnects (Go's net/http, which Prometheus uses, does so by itself for a
+GET), a half-sent request was not going to finish in time anyway.
 """
 
 from __future__ import annotations
@@ -18,6 +31,7 @@ import ssl
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -39,7 +53,7 @@ GIL_SWITCH_INTERVAL_S = 0.0005
 
 @dataclass(frozen=True)
 class Limits:
-    max_connections: int = 128      # open client connections; more are refused (503 on plain HTTP)
+    max_connections: int = 128      # open client connections; beyond, a waiting one is displaced, else a 503
     max_streams: int = 8            # of those, long-lived streaming responses
     handshake_timeout_s: float = 5.0
     request_timeout_s: float = 5.0  # the whole request head, from its first byte (or from connect)
@@ -80,6 +94,17 @@ class Stream:
 
 
 Handler = Callable[[Request], Response | Stream]
+
+
+@dataclass(eq=False)
+class _Connection:
+    """One admitted connection, as the admission decision sees it (fields guarded by HttpServer._lock)."""
+
+    sock: socket.socket
+    peer: str            # the source address, without the port
+    since: float         # monotonic: when it began waiting for its current request (accepted, or last answered)
+    busy: bool = False   # a request head is in and being answered: never displaced
+    displaced: bool = False
 
 
 @dataclass(frozen=True)
@@ -123,12 +148,13 @@ class HttpServer:
         self.extra_headers = list(extra_headers or [])
         self.stopping = threading.Event()
         self._lock = threading.Lock()
-        self._connections: set[socket.socket] = set()
+        self._connections: set[_Connection] = set()
         self._streams = threading.BoundedSemaphore(self.limits.max_streams)
         # Connection threads are kept for the next connections: starting one made the accept loop wait for the
         # new thread to run (Thread.start), a GIL handoff per connection on the path every connection waits on.
         self._workers = ThreadPoolExecutor(max_workers=self.limits.max_connections, thread_name_prefix="http-conn")
-        self.refused_total = 0
+        self.refused_total = 0    # turned away with a 503: every slot was busy answering
+        self.displaced_total = 0  # waiting connections closed to make room for a new one
         # process-wide, but this server is what the daemon's threads are for; never raised if already lower
         sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_INTERVAL_S))
         self.listener = _listen(host, port)
@@ -153,10 +179,8 @@ class HttpServer:
         self.listener.close()
         with self._lock:
             connections = list(self._connections)
-        for conn in connections:
-            # The base-class shutdown: on an SSLSocket the override would drop the TLS state under the thread.
-            with contextlib.suppress(OSError):
-                socket.socket.shutdown(conn, socket.SHUT_RDWR)
+        for connection in connections:
+            _wake(connection.sock)
 
     # --- accepting -------------------------------------------------------------------------------------
 
@@ -170,22 +194,53 @@ class HttpServer:
                 if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
                     time.sleep(0.05)  # out of descriptors: let connections finish rather than spin
                 continue
-            with self._lock:
-                admitted = len(self._connections) < self.limits.max_connections
-                if admitted:
-                    self._connections.add(conn)
-                else:
-                    self.refused_total += 1
-            if not admitted:
+            connection = _Connection(conn, addr[0], time.monotonic())
+            if not self._admit(connection):
                 self._refuse(conn)
                 continue
             client = f"[{addr[0]}]:{addr[1]}" if conn.family == socket.AF_INET6 else f"{addr[0]}:{addr[1]}"
             try:
-                self._workers.submit(self._serve, conn, client)
+                self._workers.submit(self._serve, connection, client)
             except RuntimeError:  # no thread to be had (memory, pids.max): refuse this one, keep accepting
                 with self._lock:
-                    self._connections.discard(conn)
+                    self._connections.discard(connection)
                 self._refuse(conn)
+
+    def _admit(self, connection: _Connection) -> bool:
+        """Take a free slot, or a waiting connection's (see the module's docstring); False: all slots are busy."""
+        with self._lock:
+            displaced = None
+            if len(self._connections) >= self.limits.max_connections:
+                displaced = self._displaceable()
+                if displaced is None:
+                    self.refused_total += 1
+                    return False
+                self._connections.discard(displaced)
+                displaced.displaced = True
+                self.displaced_total += 1
+            self._connections.add(connection)
+        if displaced is not None:
+            _wake(displaced.sock)  # its thread's recv() returns; the thread then closes it and is free again
+        return True
+
+    def _displaceable(self) -> _Connection | None:
+        """The waiting connection to close for a newcomer: from the address holding the most connections, the one
+        waiting longest. O(connections), and only when the table is full."""
+        waiting = [c for c in self._connections if not c.busy]
+        if not waiting:
+            return None
+        per_peer = Counter(c.peer for c in self._connections)
+        return min(waiting, key=lambda c: (-per_peer[c.peer], c.since))
+
+    def _mark(self, connection: _Connection, *, busy: bool) -> bool:
+        """Record that a request head is in (busy) or answered (waiting again); False if it was displaced."""
+        with self._lock:
+            if connection.displaced:
+                return False
+            connection.busy = busy
+            if not busy:
+                connection.since = time.monotonic()
+            return True
 
     def _refuse(self, conn: socket.socket) -> None:
         """Over the connection limit: a 503 without reading (plain HTTP only), then close. Never blocks."""
@@ -198,20 +253,22 @@ class HttpServer:
 
     # --- one connection ------------------------------------------------------------------------------
 
-    def _serve(self, conn: socket.socket, client: str) -> None:
-        tracked = conn
+    def _serve(self, connection: _Connection, client: str) -> None:
+        conn = connection.sock
         try:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self.tls is not None:
-                conn = self._handshake(conn)
-                with self._lock:
-                    self._connections.discard(tracked)
-                    self._connections.add(conn)
-                    tracked = conn
+                conn.setblocking(False)
+                with self._lock:  # no I/O yet; under the lock so that a displacement wakes the wrapped socket
+                    if connection.displaced:
+                        return
+                    conn = connection.sock = self.tls.wrap_socket(conn, server_side=True,
+                                                                  do_handshake_on_connect=False)
+                self._handshake(conn)
             buffer = bytearray()
             wait_s = self.limits.request_timeout_s
             while not self.stopping.is_set():
-                if not self._exchange(conn, buffer, client, wait_s):
+                if not self._exchange(connection, conn, buffer, client, wait_s):
                     break
                 wait_s = self.limits.idle_timeout_s
         except (OSError, ssl.SSLError, TimeoutError):
@@ -220,14 +277,12 @@ class HttpServer:
             print(f"ccscope: error on connection from {client}: {type(exc).__name__}: {exc}", file=sys.stderr)
         finally:
             with self._lock:
-                self._connections.discard(tracked)
+                self._connections.discard(connection)
             with contextlib.suppress(OSError):
                 conn.close()
 
-    def _handshake(self, conn: socket.socket) -> ssl.SSLSocket:
+    def _handshake(self, wrapped: ssl.SSLSocket) -> None:
         deadline = time.monotonic() + self.limits.handshake_timeout_s
-        conn.setblocking(False)
-        wrapped = self.tls.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
         while True:
             try:
                 wrapped.do_handshake()
@@ -239,13 +294,13 @@ class HttpServer:
             if not ready:
                 raise TimeoutError("TLS handshake")
         wrapped.setblocking(True)
-        return wrapped
 
-    def _exchange(self, conn: socket.socket, buffer: bytearray, client: str, wait_s: float) -> bool:
+    def _exchange(self, connection: _Connection, conn: socket.socket, buffer: bytearray, client: str,
+                  wait_s: float) -> bool:
         """Read one request, answer it; False when the connection is to be closed."""
         try:
             head = _read_head(conn, buffer, wait_s, self.limits)
-            if head is None:
+            if head is None or not self._mark(connection, busy=True):
                 return False
             request = _parse(head, client, self.stopping, self.limits)
         except HttpError as exc:
@@ -269,7 +324,7 @@ class HttpServer:
         if isinstance(response, Stream):  # a handler that streams on a route not declared as a stream
             response = text_response(500, "stream on a non-stream route")
         self._send(conn, request.method, response, close=close)
-        return not close
+        return not close and self._mark(connection, busy=False)
 
     def _authorize(self, request: Request) -> bool:
         request.user = self.auth.check(request.headers.get("authorization"))
@@ -335,6 +390,13 @@ def _listen(host: str, port: int) -> socket.socket:
             raise PrerequisiteError(f"port {port} on {host} is already in use",
                                     "stop the other process or pick another --listen") from None
         raise PrerequisiteError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+
+
+def _wake(conn: socket.socket) -> None:
+    """Shut a connection down under the thread that serves it, so that its recv()/send() returns at once. The
+    base-class shutdown: on an SSLSocket the override would drop the TLS state under the thread."""
+    with contextlib.suppress(OSError):
+        socket.socket.shutdown(conn, socket.SHUT_RDWR)
 
 
 def _remaining(deadline: float) -> float:
