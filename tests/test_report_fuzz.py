@@ -373,7 +373,7 @@ def test_issue_cases_in_results_json(tmp_path, data):
 def test_non_utf8_flow_csv_is_one_line(tmp_path):
     directory = _write_dir(tmp_path, csv_bytes=CSV_TEXT.encode().replace(b"16.000", b"16.\xe900"))
     line = _assert_refused(tmp_path, directory, _tree(tmp_path))
-    assert CSV in line and "not UTF-8 (byte 0xe9" in line
+    assert CSV in line and "byte 0xe9 is not UTF-8" in line
 
 
 @pytest.mark.parametrize("link", ["plots", "report.html", "plots/.cwnd.png.tmp"])

@@ -10,6 +10,7 @@ loader here refuses each of them with the line where it happens.
 
 from __future__ import annotations
 
+import os
 import stat
 from pathlib import Path
 from typing import Any
@@ -65,22 +66,42 @@ class LimitedLoader(yaml.SafeLoader):
 def read_text(path: Path, what: str, limit: int = MAX_FILE_BYTES, where: str | None = None) -> str:
     """A regular file as UTF-8 text, refused when it is larger than `limit` bytes or not UTF-8; errors begin
     with `where` (default: the path), e.g. the flag that named the file."""
-    where = where or str(path)
+    text = read_utf8(path, limit, where or str(path), what=what)
+    assert text is not None  # missing_ok is off: a missing file is an error above
+    return text
+
+
+def read_utf8(path: Path, limit: int, where: str, *, what: str | None = None, follow_symlinks: bool = True,
+              missing_ok: bool = False) -> str | None:
+    """The one reader of files we are handed: a regular file (never a FIFO or device, even one swapped in
+    after a check: the checks are on the open descriptor), at most `limit` bytes, UTF-8. None for a missing
+    file when `missing_ok`. Every refusal is one UsageError line that begins with `where`."""
+    purpose = f" {what}" if what else ""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_symlinks else os.O_NOFOLLOW)
     try:
-        if not stat.S_ISREG(path.stat().st_mode):  # /dev/zero, a FIFO, a directory
-            raise UsageError(f"{where}: not a regular file (expected {what})")
-        with path.open("rb") as f:
-            data = f.read(limit + 1)
+        fd = os.open(path, flags)  # O_NONBLOCK: opening a FIFO must not wait for a writer
+    except FileNotFoundError as exc:
+        if missing_ok:
+            return None
+        raise UsageError(f"{where}: cannot read{purpose}: {exc.strerror}") from None
     except OSError as exc:
-        raise UsageError(f"{where}: cannot read {what}: {exc.strerror}") from None
+        raise UsageError(f"{where}: cannot read{purpose}: {exc.strerror}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # /dev/zero, a FIFO, a directory (which os.fdopen refuses)
+        os.close(fd)
+        raise UsageError(f"{where}: not a regular file" + (f" (expected {what})" if what else ""))
+    with os.fdopen(fd, "rb") as fh:
+        try:
+            data = fh.read(limit + 1)  # the file may grow while it is read
+        except OSError as exc:
+            raise UsageError(f"{where}: cannot read{purpose}: {exc.strerror}") from None
     if len(data) > limit:
-        raise UsageError(f"{where}: larger than {_size(limit)}, too large for {what}")
+        raise UsageError(f"{where}: larger than {_size(limit)}" + (f", too large for {what}" if what else ""))
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
-        raise UsageError(f"{where}: line {line}: byte 0x{data[exc.start]:02x} is not UTF-8 ({what} must be "
-                         "UTF-8 text)") from None
+        raise UsageError(f"{where}: line {line}: byte 0x{data[exc.start]:02x} is not UTF-8"
+                         + (f" ({what} must be UTF-8 text)" if what else "")) from None
 
 
 def _size(limit: int) -> str:

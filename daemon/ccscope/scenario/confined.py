@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from pathlib import Path
 from typing import Any
 
 from ccscope.errors import UsageError
+from ccscope.safe_input import read_utf8
 
 MAX_JSON_BYTES = 64 << 20  # results.json / runs.jsonl: a 100-run scenario writes a few MB
 MAX_CSV_BYTES = 256 << 20  # one flow at 1 ms sampling for an hour is ~360 MB; at the default 10 ms, ~36 MB
@@ -41,31 +41,8 @@ def read_text(root: Path, relative: str, what: str, limit: int) -> str | None:
     `what` (e.g. "results.json: runs[0].flows[0].csv"), then the file if `what` does not name it."""
     path = inside(root, relative, what)
     at = what if what.endswith(relative) else f"{what}: {relative}"
-    try:
-        # O_NONBLOCK: opening a FIFO must not hang; O_NOFOLLOW: the path was resolved, so a symlink here
-        # appeared after the check.
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise UsageError(f"{at}: cannot read: {exc.strerror}") from None
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
-        os.close(fd)  # (os.fdopen refuses directories)
-        if not stat.S_ISREG(info.st_mode):
-            raise UsageError(f"{at}: not a regular file")
-        raise UsageError(f"{at}: {info.st_size} bytes, more than the limit of {limit}")
-    with os.fdopen(fd, "rb") as fh:
-        try:
-            data = fh.read(limit + 1)  # the file may grow after fstat
-        except OSError as exc:
-            raise UsageError(f"{at}: cannot read: {exc.strerror}") from None
-    if len(data) > limit:
-        raise UsageError(f"{at}: larger than the limit of {limit} bytes")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise UsageError(f"{at}: not UTF-8 (byte 0x{data[exc.start]:02x} at offset {exc.start})") from None
+    # no symlinks: the path was resolved inside root, so a symlink here appeared after the check
+    return read_utf8(path, limit, at, follow_symlinks=False, missing_ok=True)
 
 
 def parse_json(text: str, what: str) -> Any:
