@@ -52,7 +52,8 @@ def test_daemon_commands_load_no_scenario_stack() -> None:
 
 # The layers of docs/architecture.md, lowest first: a module may import its own layer and those below.
 LAYERS = (
-    {"ccscope", "errors", "units", "safe_input", "hosttools", "libbpf", "bpf_types", "exposition", "flowscan"},
+    {"ccscope", "errors", "units", "safe_input", "hosttools", "libbpf", "bpf_types", "exposition", "flowscan",
+     "linewriter"},
     {"host"},
     {"cc", "attribution", "flows", "loader", "exporter", "server", "web", "live"},
     {"emulation"},

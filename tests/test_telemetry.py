@@ -4,7 +4,10 @@ TCP_INFO, and the CLI/daemon as a user runs them."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
+import os
+import re
 import signal
 import socket
 import statistics
@@ -13,6 +16,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from ccscope import bpf_types as bt
@@ -600,6 +604,69 @@ def test_trace_json_prints_count_lines(two_live_flows) -> None:
         assert sample["event"] in ("probe", "close")
         assert sport1 in (sample["sport"], sample["dport"])
         assert sample["cwnd_segments"] >= 1 and sample["srtt_s"] > 0 and sample["time"] > 0
+
+
+@contextlib.contextmanager
+def loopback_flow() -> Iterator[int]:
+    """A flow on 127.0.0.1 that sends 1,000 bytes every 5 ms until the end of the block: its listening port."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    sender = socket.create_connection(listener.getsockname())
+    receiver, _ = listener.accept()
+    stop = threading.Event()
+
+    def pump() -> None:
+        while not stop.wait(0.005):
+            with contextlib.suppress(OSError):
+                sender.send(b"x" * 1000)
+                receiver.recv(65536)
+
+    thread = threading.Thread(target=pump, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join(timeout=2)
+        for sock in (sender, receiver, listener):
+            sock.close()
+
+
+@pytest.mark.parametrize("ending", ["--duration", "SIGTERM", "SIGINT"])
+def test_trace_ends_on_time_while_its_reader_stalls(ending: str) -> None:
+    """`ccscope trace --json --duration 2s | sleep 60`: the reader never reads. Before, trace sat in a pipe write
+    and ignored its duration, SIGTERM and SIGINT until the reader died; now it ends, and says what it dropped."""
+    with loopback_flow() as port:
+        read_end, write_end = os.pipe()
+        fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 4096)  # one page: a few samples fill it
+        duration = ("--duration", "2s") if ending == "--duration" else ()
+        proc = subprocess.Popen(cli("trace", "--json", "--port", str(port), *duration), stdout=write_end,
+                                stderr=subprocess.PIPE, text=True)
+        os.close(write_end)
+        try:
+            # A thread of trace waits in the kernel for room in the pipe: from here on, the reader has stalled.
+            assert wait_for(lambda: _waits_in_pipe_write(proc.pid), timeout=20), \
+                proc.stderr.read() if proc.poll() is not None else "trace never filled the pipe"
+            if ending != "--duration":
+                proc.send_signal(getattr(signal, ending))
+            code = proc.wait(timeout=15)  # before the fix: never, while the pipe stayed full
+            err = proc.stderr.read()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            os.close(read_end)
+    assert code == 0 and "Traceback" not in err, err
+    assert re.search(r"ccscope: \d+ samples not written: the reader of the output fell", err), err
+
+
+def _waits_in_pipe_write(pid: int) -> bool:
+    """Some thread of `pid` sleeps in the kernel's pipe write (its wchan; anon_pipe_write on 6.18, pipe_write
+    before): the pipe is full. Not the pipe's byte count: a full pipe of one page may hold less than 4096."""
+    for wchan in Path(f"/proc/{pid}/task").glob("*/wchan"):
+        with contextlib.suppress(OSError):
+            if "pipe_write" in wchan.read_text():
+                return True
+    return False
 
 
 def test_flows_once_table_shows_live_flow(two_live_flows) -> None:

@@ -36,6 +36,7 @@ from .flows import (
     record_fields,
     with_derived,
 )
+from .linewriter import MAX_QUEUED_BYTES, LineWriter
 from .live.app import LiveApp, table_rows, table_source
 from .live.feed import SampleFeed
 from .live.hub import MAX_CLIENTS as MAX_PAGES
@@ -361,6 +362,9 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
     deadline = time.monotonic() + duration if duration else None
     gc.freeze()  # per-sample objects die by refcount; spare the collector walking everything imported at start
+    sys.stdout.flush()
+    # Never a blocking write here: a reader that stalls must not stop --duration or the signals (linewriter.py).
+    writer = LineWriter(sys.stdout.fileno())
     with TelemetryProbe(_probe_options(args, emit_samples=True)) as probe:
         ring = probe.ring_buffer(on_samples)
         try:
@@ -368,29 +372,28 @@ def cmd_trace(args: argparse.Namespace) -> int:
                 ring.poll(100)
                 if attributor:
                     attributor.refresh()
-                if pending and not _write_lines(pending):
+                if pending and not writer.put(pending):
                     break
                 pending.clear()
         finally:
             ring.close()
             lost = probe.counters()
+    writer.finish(_signalled_again())
     if lost[Counter.SAMPLES_LOST]:
         print(f"ccscope: {lost[Counter.SAMPLES_LOST]} samples lost (ring buffer full)", file=sys.stderr)
+    if writer.dropped and not writer.reader_gone:
+        print(f"ccscope: {writer.dropped} samples not written: the reader of the output fell more than "
+              f"{MAX_QUEUED_BYTES >> 20} MiB behind, or stopped reading", file=sys.stderr)
     _quiet_stdout_close()
     return 0
 
 
-def _write_lines(lines: list[bytes]) -> bool:
-    """Write every byte, also across partial writes a signal causes on a full pipe; False once the reader is
-    gone (`ccscope trace | head`)."""
-    sys.stdout.flush()
-    view = memoryview(b"\n".join(lines) + b"\n")
-    while view:
-        try:
-            view = view[os.write(sys.stdout.fileno(), view):]
-        except BrokenPipeError:
-            return False
-    return True
+def _signalled_again() -> Callable[[], bool]:
+    """From now on SIGINT or SIGTERM only end the wait for the output to drain: true once one came."""
+    again = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda _signum, _frame: again.set())
+    return again.is_set
 
 
 def _quiet_stdout_close() -> None:
