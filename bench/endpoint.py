@@ -231,7 +231,7 @@ def measure(case: Case, bursts: int, workdir: Path) -> Row:
 def measure_flood() -> Row:
     """The probe's attack, and 50 serial scrapes during it; the baseline: the same scrapes before the attack."""
     with daemon() as running:
-        alone, _ = serial_scrapes(running.port, 20, 0.05)
+        alone, _ = serial_scrapes(running.port, FLOOD_SCRAPES, 0.05)
         with DripFlood(running.port, FLOOD_CONNECTIONS, interval_s=1.0) as flood:
             time.sleep(2.0)  # the table is full and the excess is being turned over before the first scrape
             latencies, errors = serial_scrapes(running.port, FLOOD_SCRAPES, FLOOD_SCRAPE_EVERY_S)
@@ -243,7 +243,8 @@ def measure_flood() -> Row:
               + (f" ({', '.join(sorted(set(errors)))})" if errors else "")
               + (f"; p50 {percentile(latencies, 0.5) * 1000:.0f} ms, max {max(latencies) * 1000:.0f} ms"
                  if latencies else "")
-              + f"; the same scraper before the attack: p50 {base * 1000:.0f} ms"
+              + f"; the same scraper before the attack: p50 {base * 1000:.0f} ms,"
+              f" p99 {percentile(alone, 0.99) * 1000:.0f} ms (p99 under attack / p50 alone = {p99 / base:.1f}x)"
               f"; the attacker reopened {reopened} connections, the server displaced {displaced:.0f}")
     what = (f"p99 scrape latency, 1 scraper, {FLOOD_SCRAPES} serial scrapes on new connections, during the probe's "
             f"attack ({FLOOD_CONNECTIONS} connections dripping GET /metrics at 1 byte/s, reopened as closed)")
