@@ -659,6 +659,15 @@ def test_trace_ends_on_time_while_its_reader_stalls(ending: str) -> None:
     assert re.search(r"ccscope: \d+ samples not written: the reader of the output fell", err), err
 
 
+def test_trace_says_when_it_cannot_write() -> None:
+    """`ccscope trace > /dev/full`: one line and exit 1 (a traceback before the output writer, silence after)."""
+    with loopback_flow() as port, open("/dev/full", "wb") as full:
+        out = subprocess.run(cli("trace", "--json", "--port", str(port), "--duration", "1s"), stdout=full,
+                             stderr=subprocess.PIPE, text=True, timeout=30)
+    assert out.returncode == 1, out.stderr
+    assert out.stderr == "ccscope: error: cannot write the samples: No space left on device\n"
+
+
 def _waits_in_pipe_write(pid: int) -> bool:
     """Some thread of `pid` sleeps in the kernel's pipe write (its wchan; anon_pipe_write on 6.18, pipe_write
     before): the pipe is full. Not the pipe's byte count: a full pipe of one page may hold less than 4096."""

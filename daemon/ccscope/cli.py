@@ -379,6 +379,8 @@ def cmd_trace(args: argparse.Namespace) -> int:
             ring.close()
             lost = probe.counters()
     writer.finish(_signalled_again())
+    if writer.error is not None:  # `> /dev/full`: said, where it used to end in silence
+        raise CcscopeError(f"cannot write the samples: {writer.error.strerror or writer.error}")
     if lost[Counter.SAMPLES_LOST]:
         print(f"ccscope: {lost[Counter.SAMPLES_LOST]} samples lost (ring buffer full)", file=sys.stderr)
     if writer.dropped and not writer.reader_gone:

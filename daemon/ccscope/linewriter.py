@@ -30,7 +30,8 @@ class LineWriter:
         self.fd = fd
         self.max_bytes = max_bytes
         self.dropped = 0            # lines not written: the queue was full, or the end came first
-        self.reader_gone = False    # the reader closed its end (EPIPE): nothing more can be written
+        self.reader_gone = False    # the reader closed its end (EPIPE), or writing failed: nothing more gets out
+        self.error: OSError | None = None  # why writing failed, when it was not EPIPE (e.g. ENOSPC, EIO)
         self._batches: deque[tuple[bytes, int]] = deque()  # (bytes, lines in them)
         self._queued_bytes = 0
         self._writing_lines = 0     # lines of the batch being written
@@ -94,9 +95,10 @@ class LineWriter:
         while view:
             try:
                 written = os.write(self.fd, view)
-            except OSError:  # EPIPE (the reader closed), or the descriptor failed: nothing more will get through
+            except OSError as exc:  # EPIPE (the reader closed), or the descriptor failed: nothing more gets out
                 with self._changed:
                     self.reader_gone = True
+                    self.error = None if isinstance(exc, BrokenPipeError) else exc
                     self.dropped += self._writing_lines + sum(lines for _, lines in self._batches)
                     self._batches.clear()
                     self._writing_lines = 0
