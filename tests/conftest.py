@@ -5,6 +5,13 @@ from __future__ import annotations
 import sys
 
 import pytest
+from prereqs import SLOW_MODULES
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.module is not None and item.module.__name__ in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import tomllib
 
-from prereqs import ROOT
+from prereqs import ROOT, SLOW_MODULES
 
 _FLOOR = re.compile(r"^([A-Za-z0-9_.-]+)\s*>=\s*([0-9][0-9A-Za-z.]*)")
 
@@ -105,3 +105,8 @@ def test_no_package_imports_a_layer_above_its_own() -> None:
             if _layer(_group(name)) > _layer(group):
                 upward.append(f"{path.relative_to(ROOT)} imports {name}")
     assert upward == []
+
+
+def test_slow_modules_exist() -> None:
+    """A renamed module would silently leave the fast tier's list."""
+    assert [name for name in SLOW_MODULES if not (ROOT / "tests" / f"{name}.py").is_file()] == []
