@@ -4,6 +4,8 @@ with real namespaces, against the shaper's own counters."""
 
 from __future__ import annotations
 
+import bisect
+import math
 import os
 
 import pytest
@@ -81,23 +83,84 @@ def samples(rate_bps: float, seconds: float, poll: float = 0.005, read: float = 
     return out
 
 
+BUCKET_1MBIT, BUCKET_10MBIT = 3028 * 8 / 1e6, 5001 * 8 / 10e6  # burst / rate as backends installs them
+
+
 def test_saturated_rate_uses_the_longest_backlogged_run():
     busy = samples(1e6, 2.0)
     idle = [pathcheck.Sample(3.02, 3.021, busy[-1].tx_bytes, 0)]  # the sender stalled: the link ran dry
     short = samples(5e6, 0.1, t=3.1, tx=busy[-1].tx_bytes)  # faster, but only 0.1 s
-    fit = pathcheck.saturated_rate(busy + idle + short, 1.0)
+    fit = pathcheck.saturated_rate(busy + idle + short, 1.0, BUCKET_1MBIT)
     assert fit.rate_bps == pytest.approx(1e6, rel=1e-3) and fit.seconds == pytest.approx(2.0, abs=0.06)
-    assert fit.uncertainty < pathcheck.MAX_UNCERTAINTY
-    assert pathcheck.saturated_rate(busy[:150] + idle + short, 1.0) is None
+    assert fit.uncertainty < pathcheck.MAX_UNCERTAINTY and fit.left_out_s == 0
+    assert pathcheck.saturated_rate(busy[:150] + idle + short, 1.0, BUCKET_1MBIT) is None
 
 
 def test_saturated_rate_on_a_staircase_and_with_slow_readings():
     # 10 kbit/s in 100-byte frames, sampled every 5 ms: a step every 80 ms
-    fit = pathcheck.saturated_rate(samples(10e3, 3.2, frame=100), 3.0)
+    fit = pathcheck.saturated_rate(samples(10e3, 3.2, frame=100), 3.0, 3028 * 8 / 10e3)
     assert fit.rate_bps == pytest.approx(10e3, rel=0.005) and fit.uncertainty < pathcheck.MAX_UNCERTAINTY
     # readings that take 50 ms (a busy machine): the rate is still right, and says how uncertain it is
-    slow = pathcheck.saturated_rate(samples(10e6, 1.0, poll=0.055, read=0.05), 1.0)
+    slow = pathcheck.saturated_rate(samples(10e6, 1.0, poll=0.055, read=0.05), 1.0, BUCKET_10MBIT)
     assert slow.rate_bps == pytest.approx(10e6, rel=0.06) and slow.uncertainty > 5 * pathcheck.MAX_UNCERTAINTY
+
+
+def tbf_departures(rate_bps: float, burst: int, frame: int, until: float,
+                   stall: tuple[float, float] = (0.0, 0.0)) -> list[float]:
+    """When each frame of an always-full queue leaves a token bucket that cannot run during `stall`
+    (start, end): it keeps at most `burst` of the tokens it could not spend, as tbf does."""
+    bytes_per_s, t, tokens, out = rate_bps / 8, 0.0, float(frame), []
+    while t < until:
+        depart = t + max(0.0, frame - tokens) / bytes_per_s
+        if stall[0] <= depart < stall[1]:
+            tokens, t = min(burst, tokens + (stall[1] - t) * bytes_per_s), stall[1]
+            continue
+        tokens, t = min(burst, tokens + (depart - t) * bytes_per_s) - frame, depart
+        out.append(t)
+    return out
+
+
+def read_counter(departures: list[float], frame: int, seconds: float, absent: tuple[float, float] = (0.0, 0.0),
+                 poll: float = 0.0012, read: float = 0.0001) -> list[pathcheck.Sample]:
+    """The probe's readings of the egress counter every `poll` s, none while it is `absent` (start, end)."""
+    out, t = [], 0.05
+    while t < seconds:
+        if not absent[0] <= t < absent[1]:
+            sent = bisect.bisect_right(departures, t + read / 2) * frame
+            out.append(pathcheck.Sample(t, t + read, sent, 20 * frame))
+        t += poll
+    return out
+
+
+def test_a_stall_of_the_machine_is_left_out_not_charged_to_the_link():
+    # As measured (see pathcheck's module doc): the machine stopped the shaper for about 45 ms and the
+    # probe for 66.5 ms, and a 1 s window of the 10 Mbit/s link read 9.57 Mbit/s.
+    frame, burst = 1514, 5001
+    sent = tbf_departures(10e6, burst, frame, 1.3, stall=(0.500, 0.545))
+    readings = read_counter(sent, frame, 1.25, absent=(0.490, 0.5565))
+    before = pathcheck.saturated_rate(readings, 1.0, math.inf)  # no stall left out: what it read before
+    assert before.rate_bps == pytest.approx(9.6e6, rel=0.01)
+    fit = pathcheck.saturated_rate(readings, 1.0, BUCKET_10MBIT)
+    assert fit.rate_bps == pytest.approx(10e6, rel=0.002) and fit.uncertainty < pathcheck.MAX_UNCERTAINTY
+    assert 0.066 < fit.left_out_s < 0.066 + 3 * BUCKET_10MBIT and fit.covered_s >= 1.0
+
+
+def test_a_link_that_stalls_while_the_probe_runs_reads_slow():
+    # Only the probe's own absence is left out: a shaper that stops while the probe watches is the link.
+    frame, burst = 1514, 5001
+    sent = tbf_departures(10e6, burst, frame, 1.3, stall=(0.500, 0.545))
+    fit = pathcheck.saturated_rate(read_counter(sent, frame, 1.25), 1.0, BUCKET_10MBIT)
+    assert fit.rate_bps == pytest.approx(9.6e6, rel=0.01) and fit.left_out_s == 0
+    # a slow link stays slow when the probe goes missing, and short gaps (its scheduling under load) count
+    slow = tbf_departures(9.5e6, burst, frame, 1.3)
+    assert pathcheck.saturated_rate(read_counter(slow, frame, 1.25, absent=(0.4, 0.47)), 1.0,
+                                    BUCKET_10MBIT).rate_bps == pytest.approx(9.5e6, rel=0.002)
+    brief = pathcheck.saturated_rate(read_counter(sent, frame, 1.25, absent=(0.50, 0.515)), 1.0, BUCKET_10MBIT)
+    assert brief.left_out_s == 0 and brief.rate_bps < 0.97 * 10e6
+    # a pause the bucket bridges costs nothing and stays in: 20 ms at 1 Mbit/s, where it holds 24.2 ms
+    one = tbf_departures(1e6, 3028, frame, 1.3, stall=(0.5, 0.52))
+    bridged = pathcheck.saturated_rate(read_counter(one, frame, 1.25, absent=(0.5, 0.52)), 1.0, BUCKET_1MBIT)
+    assert bridged.left_out_s == 0 and bridged.rate_bps == pytest.approx(1e6, rel=0.005)
 
 
 def builtin_profiles() -> dict[str, PathProfile]:

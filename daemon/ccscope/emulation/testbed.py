@@ -339,7 +339,14 @@ class Testbed:
         Measured on the router's egress counter while the bottleneck holds a backlog (what the shaper
         reports), over at least `seconds` of it: the link's rate, not iperf3's start-up nor what a busy
         receiver manages to read. Raises CcscopeError when the sender never keeps the link busy that long."""
+        return self.udp_fit(offered_bps, seconds, frame_bytes, startup_s).rate_bps
+
+    def udp_fit(self, offered_bps: float, seconds: float = pathcheck.MIN_WINDOW_S, frame_bytes: int = FRAME,
+                startup_s: float | None = None) -> pathcheck.Fit:
+        """udp_rate with how it was measured: its time, uncertainty and the machine stalls left out."""
         need("iperf3")
+        plan = pathcheck.rate_plan(self.profile)
+        bucket_s = plan.bucket_s if plan is not None else math.inf
         startup = startup_s if startup_s is not None else 3.0 + 6 * self.profile.base_rtt_s
         port = 5201 + secrets.randbelow(1000)
         server = self.popen(self.receiver_ns, ["iperf3", "-s", "-1", "-p", str(port)],
@@ -355,15 +362,15 @@ class Testbed:
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
             busy = pathcheck.start_backlog(self.profile, frame_bytes)
             samples = iproute_in(self.router_ns, lambda ipr: _egress_samples(ipr, client, startup, seconds,
-                                                                           frame_bytes, busy))
-            fit = pathcheck.saturated_rate(samples, seconds)
+                                                                           frame_bytes, busy, bucket_s))
+            fit = pathcheck.saturated_rate(samples, seconds, bucket_s)
             if fit is None:
                 err = client.stderr.read().strip() if client.poll() is not None and client.stderr else ""
                 raise CcscopeError(f"the UDP rate probe did not keep the link busy for {seconds:g} s"
                                    + (f": iperf3: {err.splitlines()[-1]}" if err else ""))
             if fit.uncertainty > 2 * pathcheck.MAX_UNCERTAINTY:
                 raise CcscopeError(f"the machine is too busy to time the rate probe (±{fit.uncertainty:.0%})")
-            return fit.rate_bps
+            return fit
         finally:
             if client is not None:
                 terminate(client)
@@ -384,11 +391,14 @@ class Testbed:
         if rate_plan is not None:
             expected = rate_plan.expected_bps
             try:
-                rate = self.udp_rate(rate_plan.offered_bps, rate_plan.window_s, rate_plan.frame_bytes,
-                                     rate_plan.startup_s)
+                fit = self.udp_fit(rate_plan.offered_bps, rate_plan.window_s, rate_plan.frame_bytes,
+                                   rate_plan.startup_s)
+                rate = fit.rate_bps
                 rate_ok = abs(rate / expected - 1) <= pathcheck.RATE_TOLERANCE
                 rate_msg = (f"rate {_mbit(rate)} Mbit/s (expected {_mbit(expected)}) "
                             f"{'ok' if rate_ok else 'OFF'}")
+                if fit.left_out_s:
+                    rate_msg += f" (left out {fit.left_out_s * 1e3:.0f} ms the machine did not run the probe)"
             except CcscopeError as exc:
                 rate_ok, rate_msg = False, f"rate not measured: {exc.line()}"
         msg = (f"RTT {rtt * 1e3:.2f} ms (expected {model.expected_s * 1e3:.2f} ms "
@@ -413,11 +423,12 @@ def _tx_bytes_here(dev: str) -> int:
 
 
 def _egress_samples(ipr: IPRoute, client: subprocess.Popen, startup_s: float, window_s: float,
-                    frame_bytes: int, busy_bytes: int) -> list[pathcheck.Sample]:
+                    frame_bytes: int, busy_bytes: int, bucket_s: float) -> list[pathcheck.Sample]:
     """Samples the up egress (bytes sent, shaper backlog) from when the bottleneck first holds busy_bytes
-    until it has held a backlog for window_s without a break and the rate is timed precisely enough, or
-    the time bounds run out. The byte counter is read every millisecond or so, the backlog (a netlink
-    dump, slower) every BACKLOG_EVERY_S."""
+    until it has held a backlog for window_s without a break (stalls of the machine left out, see
+    pathcheck.saturated_rate) and the rate is timed precisely enough, or the time bounds run out. The
+    byte counter is read every millisecond or so, the backlog (a netlink dump, slower) every
+    BACKLOG_EVERY_S."""
     idx = _ifindex(ipr, "veth-rr")
     first: int | None = None
     started: float | None = None
@@ -446,7 +457,7 @@ def _egress_samples(ipr: IPRoute, client: subprocess.Popen, startup_s: float, wi
             samples.append(pathcheck.Sample(t0, t1, tx, backlog))
             busy_since = None if backlog == 0 else busy_since if busy_since is not None else t1
             if busy_since is not None and t1 - busy_since >= window_s and t1 - fit_at >= 0.25:
-                fit, fit_at = pathcheck.saturated_rate(samples, window_s), t1
+                fit, fit_at = pathcheck.saturated_rate(samples, window_s, bucket_s), t1
                 if fit is not None and fit.uncertainty <= pathcheck.MAX_UNCERTAINTY:
                     break
             if t1 > give_up:
