@@ -377,6 +377,40 @@ def test_web_config_excludes_the_older_flags(web_config: Path) -> None:
 # --- the streaming hook (server-sent events and other long-lived responses) ------------------------------------------
 
 
+def test_a_pages_last_events_reach_it_when_the_scenario_closes_at_once() -> None:
+    """The live page's report link is the scenario's last event, queued a moment before the process closes the hub
+    and the server and exits. The server used to stop its streams at once on close(), so under load the page
+    missed the link (test_live saw it in about 1 run of 3). close() now lets them write what was queued, and the
+    page's event stream names Cache-Control once."""
+    from ccscope.live.app import LiveApp, table_rows
+    from ccscope.live.hub import Hub
+    from ccscope.server import MetricsServer
+    from prometheus_client import CollectorRegistry
+
+    hub = Hub(mode="scenario", table_rows=table_rows)
+    server = MetricsServer(CollectorRegistry(), "127.0.0.1", 0)
+    LiveApp(hub).mount(server)
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+    try:
+        sock.sendall(b"GET /events HTTP/1.1\r\nHost: x\r\n\r\n")
+        received = sock.recv(65536)
+        while b"event: hello" not in received:
+            received += sock.recv(65536)
+        hub.scenario_report("/results/report.html", "report/report.html")
+        hub.close()
+        server.close()
+        while chunk := sock.recv(65536):
+            received += chunk
+    finally:
+        sock.close()
+        hub.close()
+        server.close()
+    head = received.split(b"\r\n\r\n", 1)[0].lower()
+    assert head.count(b"cache-control:") == 1, head
+    assert b'"report_url":"report/report.html"' in received
+    assert received.rstrip().endswith(b"event: bye\ndata: {}")
+
+
 def test_streams_have_their_own_limit_and_end_on_close() -> None:
     """Long-lived responses take stream slots, never the ones scrapes need; close() ends them promptly."""
     from ccscope.web.server import HttpServer, Response, Route, Stream

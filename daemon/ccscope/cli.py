@@ -225,6 +225,8 @@ def cmd_daemon(args: argparse.Namespace) -> int:
                     collector.maintain()  # expires closed flows and deleted cgroups even when nobody scrapes
                     next_expiry = time.monotonic() + expire_every
         finally:
+            if live:
+                live[0].hub.close()  # the pages' last updates and bye, which the server's close lets them write
             server.close()  # stops accepting; a scrape already running may still be reading the probe
             collector.close()
             _close_live(live)

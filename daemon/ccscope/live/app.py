@@ -88,7 +88,7 @@ class Reply:
 class EventStream:
     """One page's event stream: an iterator of SSE chunks; close() (also when never iterated) frees the slot."""
 
-    headers = (("Cache-Control", "no-cache"), ("X-Accel-Buffering", "no"))
+    headers = (("X-Accel-Buffering", "no"),)  # (the server sends Cache-Control: no-cache with every stream)
 
     def __init__(self, hub: Hub) -> None:
         self._hub = hub

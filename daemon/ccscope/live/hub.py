@@ -515,8 +515,12 @@ class Hub:
                 self.updates_dropped += 1
 
     def close(self) -> None:
-        """Stops the pushes; returns once no table read is in progress (also when the broadcaster is still busy
-        after the join's timeout), so the caller may close the probe the table source reads."""
+        """Stops the pushes and says `bye` to the pages (once; later calls do nothing); returns once no table read
+        is in progress (also when the broadcaster is still busy after the join's timeout), so the caller may
+        close the probe the table source reads. Close the hub before the HTTP server: the server lets streams
+        write their last events and the bye before it shuts them down."""
+        if self._stop.is_set():
+            return
         self._stop.set()
         self._thread.join(timeout=2)
         self.set_table_source(None)

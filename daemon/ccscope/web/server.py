@@ -49,6 +49,9 @@ STREAM_SNDBUF = 32 * 1024  # bytes; the kernel doubles it
 # ones each started another collection. At 0.5 ms they all arrive within one collection and share the next;
 # the extra switches cost the CPU-bound thread well under 1 %.
 GIL_SWITCH_INTERVAL_S = 0.0005
+# close() lets streams write what their source still has queued for this long before it shuts them down: a
+# scenario's last event (the report link) is queued a moment before the process closes its server and exits.
+STREAM_DRAIN_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -150,6 +153,9 @@ class HttpServer:
         self._lock = threading.Lock()
         self._connections: set[_Connection] = set()
         self._streams = threading.BoundedSemaphore(self.limits.max_streams)
+        self._active_streams = 0
+        self._streams_ended = threading.Condition(self._lock)
+        self._cut_streams = threading.Event()  # set by close() once the drain is over: streams stop writing
         # Connection threads are kept for the next connections: starting one made the accept loop wait for the
         # new thread to run (Thread.start), a GIL handoff per connection on the path every connection waits on.
         self._workers = ThreadPoolExecutor(max_workers=self.limits.max_connections, thread_name_prefix="http-conn")
@@ -171,6 +177,8 @@ class HttpServer:
             return len(self._connections)
 
     def close(self) -> None:
+        """Stops accepting; streams whose source has ended (the live hub's `bye`) may finish writing for up to
+        STREAM_DRAIN_S; then every connection is shut down under its thread."""
         self.stopping.set()
         with contextlib.suppress(OSError):
             self.listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept()
@@ -178,6 +186,8 @@ class HttpServer:
         self._workers.shutdown(wait=False)
         self.listener.close()
         with self._lock:
+            self._streams_ended.wait_for(lambda: self._active_streams == 0, timeout=STREAM_DRAIN_S)
+            self._cut_streams.set()
             connections = list(self._connections)
         for connection in connections:
             _wake(connection.sock)
@@ -356,15 +366,20 @@ class HttpServer:
             _send_all(conn, _head(200, headers), self.limits.write_timeout_s)
             if request.method == "HEAD":
                 return False
+            with self._lock:
+                self._active_streams += 1
             try:
                 for chunk in response.chunks:
-                    if self.stopping.is_set():
+                    if self._cut_streams.is_set():
                         break
                     _send_all(conn, chunk, self.limits.write_timeout_s)
             finally:
                 close = getattr(response.chunks, "close", None)
                 if close:
                     close()
+                with self._lock:
+                    self._active_streams -= 1
+                    self._streams_ended.notify_all()
             return False
         finally:
             self._streams.release()
