@@ -8,6 +8,10 @@ import bisect
 import json
 import math
 import os
+import re
+import signal
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -212,3 +216,54 @@ def test_path_check_agrees_with_a_correct_emulator(name):
     assert check.rtt_expected_s == pytest.approx(p.base_rtt_s, abs=0.001 if p.up.trace else 1e-9)
     assert check.rate_measured_bps == pytest.approx(check.rate_expected_bps, rel=pathcheck.RATE_TOLERANCE)
     assert up["packets"] >= pathcheck.MIN_PACKETS and up["delay_overflows"] == 0
+
+
+def stall(proc, seconds: float) -> threading.Thread:
+    """Stops proc for `seconds` (as a machine that does not run it), in the background."""
+    def hold():
+        os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            time.sleep(seconds)  # the stall itself, not a wait for an effect
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+    thread = threading.Thread(target=hold)
+    thread.start()
+    return thread
+
+
+def test_the_delay_line_counts_the_packets_a_stall_made_late():
+    require_root()
+    require_tools("ip", "iptables", "ethtool", "ping")
+    require(DELAYLINE.is_file(), f"{DELAYLINE.name} not built: run make")
+    with Testbed(profile(delay="10ms")) as tb:
+        tb.ping_rtts(count=1)  # ARP done, and not one packet late
+        up = tb._delaylines["up"]
+        before = up.stats()
+        held = stall(up.proc, 0.15)
+        out = tb.run(tb.sender_ns, ["ping", "-n", "-c", "1", "-W", "2", tb.receiver_addr], timeout=5).stdout
+        held.join()
+        after = up.stats()
+    assert before["late_releases"] == 0 and after["late_releases"] == 1
+    # independent of the delay line's own clock: ping's RTT is the path's 20 ms plus how late it was
+    rtt = float(re.search(r"time=([0-9.]+) ms", out).group(1)) / 1e3
+    assert rtt > 0.1 and after["max_late_us"] / 1e6 == pytest.approx(rtt - 0.020, abs=0.003)
+
+
+def test_verify_takes_the_pings_again_when_the_delay_line_ran_late():
+    # before: a 150 ms stall under the ping train read "RTT 44.95 ms (expected 20.00 ms ± 0.90) OFF"
+    require_root()
+    require_tools("ip", "iptables", "ethtool", "ping")
+    require(DELAYLINE.is_file(), f"{DELAYLINE.name} not built: run make")
+    with Testbed(profile(delay="10ms")) as tb:
+        up, run, stalled = tb._delaylines["up"], tb.run, []
+
+        def stalled_once(ns, argv, timeout, **kw):  # under the first measured ping train (ping -i)
+            if "-i" in argv and not stalled:
+                stalled.append(stall(up.proc, 0.15))
+            return run(ns, argv, timeout, **kw)
+
+        tb.run = stalled_once
+        check = tb.verify()
+        stalled[0].join()
+    assert check.ok, check.message
+    assert check.rtt_measured_s == pytest.approx(0.020, abs=0.0009) and "late" not in check.message
