@@ -348,6 +348,23 @@ class Testbed:
         plan = pathcheck.rate_plan(self.profile)
         bucket_s = plan.bucket_s if plan is not None else math.inf
         startup = startup_s if startup_s is not None else 3.0 + 6 * self.profile.base_rtt_s
+        samples, err = [], ""
+        for _ in range(IPERF3_STARTS):
+            samples, err = self._udp_samples(offered_bps, seconds, frame_bytes, startup, bucket_s)
+            if samples:  # the link got busy: iperf3 started
+                break
+        fit = pathcheck.saturated_rate(samples, seconds, bucket_s)
+        if fit is None:
+            raise CcscopeError(f"the UDP rate probe did not keep the link busy for {seconds:g} s"
+                               + (f": iperf3: {err}" if err else ""))
+        if fit.uncertainty > 2 * pathcheck.MAX_UNCERTAINTY:
+            raise CcscopeError(f"the machine is too busy to time the rate probe (±{fit.uncertainty:.0%})")
+        return fit
+
+    def _udp_samples(self, offered_bps: float, seconds: float, frame_bytes: int, startup: float,
+                     bucket_s: float) -> tuple[list[pathcheck.Sample], str]:
+        """One iperf3 UDP run: the egress samples (none if the link never got busy) and iperf3's last
+        error line if it exited."""
         port = 5201 + secrets.randbelow(1000)
         server = self.popen(self.receiver_ns, ["iperf3", "-s", "-1", "-p", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -363,14 +380,8 @@ class Testbed:
             busy = pathcheck.start_backlog(self.profile, frame_bytes)
             samples = iproute_in(self.router_ns, lambda ipr: _egress_samples(ipr, client, startup, seconds,
                                                                            frame_bytes, busy, bucket_s))
-            fit = pathcheck.saturated_rate(samples, seconds, bucket_s)
-            if fit is None:
-                err = client.stderr.read().strip() if client.poll() is not None and client.stderr else ""
-                raise CcscopeError(f"the UDP rate probe did not keep the link busy for {seconds:g} s"
-                                   + (f": iperf3: {err.splitlines()[-1]}" if err else ""))
-            if fit.uncertainty > 2 * pathcheck.MAX_UNCERTAINTY:
-                raise CcscopeError(f"the machine is too busy to time the rate probe (±{fit.uncertainty:.0%})")
-            return fit
+            err = client.stderr.read().strip() if client.poll() is not None and client.stderr else ""
+            return samples, err.splitlines()[-1] if err else ""
         finally:
             if client is not None:
                 terminate(client)
@@ -491,6 +502,9 @@ def _egress_samples(ipr: IPRoute, client: subprocess.Popen, startup_s: float, wi
 
 
 BACKLOG_EVERY_S = 0.02
+# iperf3 3.12 does not resend its UDP stream's hello, so over a lossy path (1 % each way) its start hangs:
+# 1 in 40 starts on wired-vs-wireless/wireless, and 3 of 37 checks failed with "did not keep the link busy".
+IPERF3_STARTS = 3
 PING_TRAINS = 3  # stalls come about once a minute and last well under a second: a retry misses them
 
 
