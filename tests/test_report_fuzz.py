@@ -39,7 +39,8 @@ def _base_document() -> dict:
     record = results.new_run(units[0], 1)
     flow = analysis.empty_flow()
     flow.update({"id": "bulk0", "kind": "bulk", "algorithm": "cubic", "algorithm_kernel": "cubic",
-                 "algorithm_iperf3": "cubic", "algorithm_ok": True, "goodput_bps": 19e6, "samples": 3,
+                 "algorithm_iperf3": "cubic", "algorithm_ok": True, "goodput_bps": 19e6, "goodput_common_bps": 19e6,
+                 "samples": 3,
                  "srtt_ms": analysis.summary([16.0, 17.0, 19.0]), "retransmits": 2, "retransmit_ratio": 0.002,
                  "segments_sent": 1000, "csv": CSV, "iperf3": {}})
     record.update({"netns": 4026532000, "backend": "userspace", "duration_s": 4.1, "flows": [flow],

@@ -84,3 +84,22 @@ def test_windowed_throughput():
     assert out[:2] == [None, None]
     assert out[2] == pytest.approx(1e6)
     assert out[4] == pytest.approx(1e6)
+
+
+def test_goodput_over_a_common_window_adds_up_to_the_link():
+    """Two flows on a link of 1000 B/s, the second starting 1 s later: alone, then halves, then alone.
+    Over their own windows they get 667 B/s each (1333 summed, above the link); over the common window 500."""
+    a_t = [0.0, 1.0, 3.0]
+    a = [0, 1000, 2000]  # alone for 1 s, then half for 2 s, then done
+    b_t = [1.0, 3.0, 4.0]
+    b = [0, 1000, 2000]
+    own = [analysis.goodput(a_t, a, 0.0), analysis.goodput(b_t, b, 1.0)]
+    assert sum(rate for rate, _, _ in own) / 8 == pytest.approx(4000 / 3)
+    window = analysis.common_window([(start, end) for _, start, end in own])
+    assert window == (1.0, 3.0)
+    rates = [analysis.window_goodput(a_t, a, window), analysis.window_goodput(b_t, b, window)]
+    assert [r / 8 for r in rates] == [500.0, 500.0]
+    # windows that do not overlap: their hull, and a flow outside part of it counts 0 there
+    assert analysis.common_window([(0.0, 1.0), (2.0, 3.0)]) == (0.0, 3.0)
+    assert analysis.window_goodput([2.0, 3.0], [0, 1000], (0.0, 3.0)) * 3 / 8 == pytest.approx(1000)
+    assert analysis.common_window([]) is None

@@ -231,3 +231,33 @@ traffic:
     assert "time limit 3 s" in big["error"]
     row = next(r for r in doc["summary"] if r["algorithm"] == "cubic")
     assert row["downloads"]["by_size"]["2000000"] == {**row["downloads"]["by_size"]["2000000"], "complete": 0}
+
+
+def test_competing_goodput_never_exceeds_the_link_counter(ccscope_cmd, tmp_path, host):
+    """Flows that start 1.5 s apart: each one's own window holds time alone on the link, so per-flow rates
+    summed came to ~1.3x the link (the probe's 120 Mbit/s on 100). Per algorithm and per run, goodput is
+    taken over one common window and checked against the router's own egress counter over that window."""
+    path = tmp_path / "stagger.yaml"
+    path.write_text("""
+name: stagger
+algorithms: [[cubic, reno]]
+duration: 4s
+warmup: 1s
+profiles:
+  ten: {rate: 10mbit, delay: 5ms}
+traffic:
+  bulk: {flows: 1, stagger: 1.5s}
+""")
+    out = tmp_path / "stagger"
+    res = subprocess.run([*ccscope_cmd, "scenario", "run", str(path), "--no-verify", "--listen", "off",
+                          "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    [run] = results.load(out)["runs"]
+    assert not run["errors"], run["errors"]
+    link = run["link_window_bps"]  # layer 2, what left the router towards the receiver
+    per_algorithm = sum(p["goodput_bps"] for p in run["per_algorithm"].values())
+    assert per_algorithm == pytest.approx(run["goodput_bps"])
+    # payload can never exceed the wire; the wire never exceeds the shaper (tbf's bucket: a few frames)
+    assert per_algorithm <= link <= 10e6 * 1.03, (per_algorithm, link)
+    # and it is the link's traffic, not a fraction of it: 1448 of every 1514 bytes are TCP payload
+    assert per_algorithm >= 0.9 * link * 1448 / 1514, (per_algorithm, link)

@@ -3,6 +3,11 @@
 - goodput: bytes the receiver acknowledged over the flow's active window after the warm-up, in bit/s.
   The window runs from the first sample at or after (flow start + warm-up) to the last sample at which
   bytes_acked grew (Pantheon: bits delivered over the flow's own active window).
+- goodput of an algorithm, and of the run: bytes all its bulk flows had acknowledged over the run's common
+  window × 8 / window length. The common window is where every flow's own window overlaps (all flows
+  active, past their warm-up), or, if they do not overlap, from the earliest window start to the latest
+  window end. One window for all: per-flow rates over windows that differ (flows start up to a second
+  apart) do not add up, and summed to above the link's rate. Jain's index uses the same per-flow rates.
 - RTT: mean, median and p95 of the kernel's smoothed RTT (srtt) samples in the same window; samples are
   spaced by the sample interval, so these are time-weighted. p95 uses linear interpolation between
   order statistics (numpy's default, "type 7").
@@ -15,6 +20,7 @@
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 
@@ -59,6 +65,37 @@ def goodput(times_s: Sequence[float], acked: Sequence[int], window_start_s: floa
     if span <= 0:
         return None, times_s[first], times_s[last]
     return (acked[last] - acked[first]) * 8 / span, times_s[first], times_s[last]
+
+
+def interpolate(times: Sequence[float], values: Sequence[float], t: float) -> float:
+    """A cumulative counter at time t, linear between samples; before the first sample its first value,
+    after the last its last."""
+    if t <= times[0]:
+        return float(values[0])
+    if t >= times[-1]:
+        return float(values[-1])
+    hi = bisect.bisect_left(times, t)
+    lo = hi - 1
+    span = times[hi] - times[lo]
+    if span <= 0:
+        return float(values[hi])
+    return values[lo] + (values[hi] - values[lo]) * (t - times[lo]) / span
+
+
+def common_window(windows: Sequence[tuple[float, float]]) -> tuple[float, float] | None:
+    """Where all (start, end) windows overlap; if they do not, their hull; None without a positive span."""
+    if not windows:
+        return None
+    start, end = max(w[0] for w in windows), min(w[1] for w in windows)
+    if end <= start:
+        start, end = min(w[0] for w in windows), max(w[1] for w in windows)
+    return (start, end) if end > start else None
+
+
+def window_goodput(times_s: Sequence[float], acked: Sequence[int], window: tuple[float, float]) -> float:
+    """bit/s a flow's cumulative bytes_acked grew by over `window` (0 outside the flow's own samples)."""
+    start, end = window
+    return (interpolate(times_s, acked, end) - interpolate(times_s, acked, start)) * 8 / (end - start)
 
 
 def jain(values: Sequence[float]) -> float | None:
@@ -115,7 +152,8 @@ def windowed_throughput(times_s: Sequence[float], acked: Sequence[int], window_s
 
 def empty_flow() -> dict:
     return {"algorithm_kernel": None, "cookie": None, "sport": None, "dport": None, "samples": 0,
-            "goodput_bps": None, "window_s": None, "srtt_ms": summary([]), "retransmits": None,
+            "goodput_bps": None, "goodput_common_bps": None, "window_s": None, "srtt_ms": summary([]),
+            "retransmits": None,
             "bytes_acked": None, "bytes_sent": None, "segments_sent": None, "retransmit_ratio": None}
 
 
@@ -191,12 +229,12 @@ def _download_summary(downloads: list[dict]) -> dict:
 
 def per_algorithm(flows: list[dict], srtt_samples: dict[str, list[float]], mix: tuple[str, ...],
                   downloads: list[dict] | None = None) -> dict:
-    """Per algorithm of one run: summed goodput of its bulk flows, RTT over the union of their srtt
-    samples, retransmit ratio over all their segments."""
+    """Per algorithm of one run: summed goodput of its bulk flows over the run's common window, RTT over
+    the union of their srtt samples, retransmit ratio over all their segments."""
     out = {}
     for alg in dict.fromkeys(mix):
         mine = [f for f in flows if f["algorithm"] == alg]
-        goodputs = [f["goodput_bps"] for f in mine if f["goodput_bps"] is not None]
+        goodputs = [f["goodput_common_bps"] for f in mine if f.get("goodput_common_bps") is not None]
         retrans = sum(f["retransmits"] or 0 for f in mine)
         segments = sum(f["segments_sent"] or 0 for f in mine)
         dls = [d for d in downloads or [] if d["algorithm"] == alg]

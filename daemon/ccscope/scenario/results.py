@@ -39,7 +39,8 @@ _FLOW = {"type": "object",
          "properties": {"id": {"type": "string"}, "kind": {"enum": ["bulk"]}, "algorithm": _ALG,
                         "algorithm_kernel": {"type": ["string", "null"]},
                         "algorithm_iperf3": {"type": ["string", "null"]}, "algorithm_ok": {"type": "boolean"},
-                        "goodput_bps": {"type": NUM}, "srtt_ms": _SUMMARY, "retransmits": {"type": ["integer", "null"]},
+                        "goodput_bps": {"type": NUM}, "goodput_common_bps": {"type": NUM},
+                        "srtt_ms": _SUMMARY, "retransmits": {"type": ["integer", "null"]},
                         "retransmit_ratio": {"type": NUM}, "samples": {"type": "integer"},
                         "window_s": {"type": ["array", "null"], "items": {"type": "number"}},
                         "csv": {"type": "string"}, "iperf3": {"type": "object"}}}
@@ -66,6 +67,10 @@ _RUN = {"type": "object",
                                     "rtt_ms": _SUMMARY, "csv": {"type": ["string", "null"]}}},
             "link": {"type": "object", "required": ["up", "down"], "properties": {"up": _LINK_DIR, "down": _LINK_DIR}},
             "jain": {"type": NUM}, "per_algorithm": {"type": "object"},
+            # optional (older files lack them): the run's common window, the goodput summed over it, and
+            # the link's own egress rate over it
+            "window_s": {"type": ["array", "null"], "items": {"type": "number"}},
+            "goodput_bps": {"type": NUM}, "link_window_bps": {"type": NUM},
             "errors": {"type": "array", "items": {"type": "string"}}}}
 _ROW = {"type": "object",
         "required": ["profile", "algorithms", "algorithm", "runs", "goodput_bps", "srtt_mean_ms", "srtt_median_ms",

@@ -31,8 +31,9 @@ from ccscope.server import MetricsServer
 from ccscope.units import parse_listen
 from ccscope.web.server import Limits
 
-from . import analysis, results
+from . import analysis, linkmeter, results
 from .environment import namespace_sysctls, now_iso
+from .linkmeter import LinkMeter
 from .progress import Progress
 from .recorder import FlowSeries, Recorder, csv_text
 from .spec import Scenario, mix_label
@@ -366,29 +367,36 @@ def _run_unit(scenario: Scenario, unit: Unit, position: int, out: Path, recorder
                   "run": str(unit.repetition)}
         collector.set_netns_labels({netns: labels, tb.netns_inode(tb.receiver_ns): labels})
         link_before = tb.link_stats()  # the verify probe above went through the same queues
-        recorder.start(netns)
-        record["started_at"] = now_iso()
-        progress.start(position, unit.label, profile=unit.profile, algorithm=mix_label(unit.mix),
-                       repetition=unit.repetition)
-        traffic = run_traffic(tb, scenario, unit.mix, progress.update, out / "raw" / _stem(unit))
-        series = recorder.stop()
+        meter = LinkMeter(tb.router_ns)
+        try:
+            recorder.start(netns)
+            record["started_at"] = now_iso()
+            progress.start(position, unit.label, profile=unit.profile, algorithm=mix_label(unit.mix),
+                           repetition=unit.repetition)
+            traffic = run_traffic(tb, scenario, unit.mix, progress.update, out / "raw" / _stem(unit))
+            series = recorder.stop()
+        finally:
+            link_samples = meter.stop()
         record["link"] = _link_delta(tb.link_stats(), link_before)
     collector.set_netns_labels({})
     record["duration_s"] = round(traffic.end_mono - traffic.start_mono, 3)
-    _fill_run(record, scenario, unit, traffic, series, out)
+    _fill_run(record, scenario, unit, traffic, series, out, link_samples)
     return record
 
 
 def _fill_run(record: dict, scenario: Scenario, unit: Unit, traffic: TrafficResult,
-              series: dict[int, FlowSeries], out: Path) -> None:
+              series: dict[int, FlowSeries], out: Path, link_samples: list[tuple[float, int]]) -> None:
     t0 = traffic.start_mono
     record["errors"] += traffic.errors
     stem = _stem(unit)
     bulk_end = t0
     srtt_by_algorithm: dict[str, list[float]] = {}
+    series_of: dict[int, FlowSeries] = {}
     for flow in traffic.bulk:
         s = bulk_series(flow, series)
         entry, srtts = analysis.flow_metrics(s, scenario.warmup_s, t0) if s else (analysis.empty_flow(), [])
+        if s is not None:
+            series_of[id(entry)] = s
         srtt_by_algorithm.setdefault(flow.algorithm, []).extend(srtts)
         entry.update({"id": f"bulk{flow.index}", "kind": "bulk", "algorithm": flow.algorithm,
                       "start_offset_s": round(flow.start_offset_s, 3), "iperf3": flow.iperf,
@@ -418,10 +426,32 @@ def _fill_run(record: dict, scenario: Scenario, unit: Unit, traffic: TrafficResu
         rtts = [rtt * 1e3 for t, rtt in traffic.ping if window_start <= t <= end]
         record["ping"] = {"sent": traffic.ping_sent, "received": len(traffic.ping), "rtt_ms": analysis.summary(rtts),
                           "csv": _write_ping_csv(out, f"{stem}_ping.csv", traffic.ping, t0)}
-    goodputs = [f["goodput_bps"] for f in record["flows"] if f["goodput_bps"] is not None]
-    record["jain"] = analysis.jain(goodputs)
+    _common_window(record, t0, series_of, link_samples)
     record["per_algorithm"] = analysis.per_algorithm(record["flows"], srtt_by_algorithm, unit.mix,
                                                      record["downloads"])
+
+
+def _common_window(record: dict, t0: float, series_of: dict[int, FlowSeries],
+                   link_samples: list[tuple[float, int]]) -> None:
+    """Goodput of every bulk flow over the run's one common window (analysis.py), their sum, Jain's index
+    of them, and the link's own egress counter over the same window."""
+    flows = [(f, series_of.get(id(f))) for f in record["flows"]]
+    windows = [(f["window_s"][0] + t0, f["window_s"][1] + t0) for f, s in flows
+               if s is not None and f["goodput_bps"] is not None]
+    window = analysis.common_window(windows)
+    for f, s in flows:
+        f["goodput_common_bps"] = None if s is None or window is None else analysis.window_goodput(
+            [x.t for x in s.samples], [x.bytes_acked for x in s.samples], window)
+    rates = [f["goodput_common_bps"] for f in record["flows"] if f["goodput_common_bps"] is not None]
+    record["jain"] = analysis.jain(rates)
+    record["window_s"] = None if window is None else [round(window[0] - t0, 4), round(window[1] - t0, 4)]
+    record["goodput_bps"] = sum(rates) if rates else None
+    wire = None if window is None else linkmeter.bytes_between(link_samples, *window)
+    link_bps = None if wire is None else wire * 8 / (window[1] - window[0])
+    record["link_window_bps"] = link_bps  # layer 2, up direction, what left the router
+    if link_bps is not None and record["goodput_bps"] is not None and record["goodput_bps"] > link_bps:
+        record["errors"].append(f"goodput {record['goodput_bps'] / 1e6:.2f} Mbit/s is above what the link's "
+                                f"counter shows over the same window ({link_bps / 1e6:.2f} Mbit/s)")
 
 
 def _stem(unit: Unit) -> str:
