@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from ccscope import cli
+from ccscope.errors import UsageError
 from ccscope.scenario import analysis, results, runner, spec, store
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
@@ -402,7 +403,7 @@ def test_resume_cuts_a_torn_journal_line_before_appending(tmp_path):
     results.refresh(header_only, store.scenario_shape(header_only))
     directory = _write_dir(tmp_path, header_only)
     _journal(directory, BASE, [], tail=b'{"kind":"run","run":{"label":"fa')
-    resumed, doc = store.Store.resume(directory)
+    resumed, doc = store.Store.resume(directory, copy.deepcopy(header_only))
     try:
         assert doc["runs"] == [] and doc["missing_runs"] == BASE["run_order"]
         resumed.add_run(doc, copy.deepcopy(BASE["runs"][0]))
@@ -410,3 +411,57 @@ def test_resume_cuts_a_torn_journal_line_before_appending(tmp_path):
         resumed.close()
     assert [r["label"] for r in store.load(directory)["runs"]] == BASE["run_order"]
     assert (directory / store.JOURNAL).read_bytes().count(b"\n") == 2  # header and the run, nothing torn
+
+
+def _four_runs_one_done(tmp_path: Path) -> tuple[Path, dict, dict]:
+    """A 4-run plan with its first run done (journal and results.json agree); and the plan as a fresh
+    invocation derives it."""
+    scenario = spec.from_dict({**copy.deepcopy(SCENARIO), "runs": 4}, "resume.yaml")
+    units = runner.plan(scenario)
+    fresh = results.new_document(scenario, units, [], quick=False)
+    run = {**copy.deepcopy(BASE["runs"][0]), "label": units[0].label, "repetition": units[0].repetition}
+    doc = copy.deepcopy(fresh)
+    doc["runs"].append(run)
+    results.refresh(doc, store.scenario_shape(doc))
+    directory = _write_dir(tmp_path, doc)
+    _journal(directory, fresh, [run])
+    return directory, doc, fresh
+
+
+def _edited(directory: Path, edit) -> None:
+    doc = json.loads((directory / "results.json").read_text())
+    edit(doc)
+    (directory / "results.json").write_text(json.dumps(doc))
+
+
+def _resume_refused(directory: Path, fresh: dict, message: str) -> None:
+    with pytest.raises(UsageError) as refused:
+        store.Store.resume(directory, fresh)
+    assert message in refused.value.line() and "\n" not in refused.value.line(), refused.value.line()
+    store.Store(directory, store.Store._lock(directory)).close()  # the refusal released the lock
+
+
+def test_resume_derives_the_state_from_the_journal(tmp_path):
+    """The probe's edits: results.json marked complete (was "0 to run", exit 0, finished_at kept), a run
+    relabelled (was accepted; two resumes later a 4-run plan held 5 runs). The journal decides."""
+    directory, doc, fresh = _four_runs_one_done(tmp_path)
+    label = doc["runs"][0]["label"]
+    resumed, state = store.Store.resume(directory, copy.deepcopy(fresh))
+    resumed.close()
+    assert [r["label"] for r in state["runs"]] == [label] and len(state["missing_runs"]) == 3
+    assert state["finished_at"] is None
+
+    _edited(directory, lambda d: d.update(complete=True, missing_runs=[], finished_at="2026-01-01T00:00:00Z"))
+    _resume_refused(directory, fresh, "results.json has run")
+    _edited(directory, lambda d: d.update(complete=False, missing_runs=d["run_order"][1:]))
+    _edited(directory, lambda d: d["runs"][0].update(label="zzz/cubic#1"))
+    _resume_refused(directory, fresh, "results.json has run 'zzz/cubic#1' done, runs.jsonl does not")
+
+    directory, doc, fresh = _four_runs_one_done(tmp_path / "journal")
+    renamed = {**doc["runs"][0], "label": "zzz/cubic#1"}
+    _journal(directory, fresh, [renamed])
+    _resume_refused(directory, fresh, "runs.jsonl holds run 'zzz/cubic#1', which the plan does not have")
+    _journal(directory, fresh, [doc["runs"][0], doc["runs"][0]])
+    _resume_refused(directory, fresh, "twice")
+    _journal(directory, fresh, [{**doc["runs"][0], "position": 2}])
+    _resume_refused(directory, fresh, "at position 2, planned at 1")

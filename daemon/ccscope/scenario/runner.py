@@ -224,11 +224,8 @@ def _open(out: Path, fresh: dict, options: Options) -> tuple[Store, dict]:
             return Store.create(out, fresh), fresh
         except OSError as exc:
             raise UsageError(f"--out {out}: cannot create: {exc.strerror}") from None
-    store, doc = Store.resume(out)
+    store, doc = Store.resume(out, fresh)
     try:
-        differs = results.identity_mismatch(doc, fresh)
-        if differs:
-            raise UsageError(f"--resume {out}: the scenario differs from the one that wrote it: {differs}")
         _refuse_stale(options.cleanup_stale)
     except BaseException:
         store.close()

@@ -112,15 +112,16 @@ class Store:
         return store
 
     @classmethod
-    def resume(cls, out: Path) -> tuple[Store, dict]:
-        """Reopens a directory to add the missing runs; the document as far as it got."""
+    def resume(cls, out: Path, fresh: dict) -> tuple[Store, dict]:
+        """Reopens a directory to add the missing runs of `fresh` (this invocation's plan); the document
+        as far as its journal got (see resumable)."""
         if not (out / JOURNAL).is_file() and not (out / RESULTS).is_file():
             raise UsageError(f"--resume {out}: not a results directory (no {RESULTS} or {JOURNAL})")
         if not (out / JOURNAL).is_file():
             raise UsageError(f"--resume {out}: no {JOURNAL} (written before ccscope could resume scenarios)")
         fd = cls._lock(out)
         try:
-            doc = load(out)
+            doc = resumable(out, fresh)
             _drop_torn_line(fd, out / JOURNAL)
         except BaseException:
             os.close(fd)
@@ -206,6 +207,53 @@ def load(directory: Path) -> dict:
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise UsageError(f"{directory / JOURNAL}: cannot merge the runs: {exc!r}") from None
     return results.parse(json.dumps(doc, default=str), str(directory / JOURNAL))
+
+
+def resumable(directory: Path, fresh: dict) -> dict:
+    """The state of a directory to resume, derived from its journal and the plan, never from what
+    results.json claims: the journal is written first and only ever appended to, results.json is a copy
+    (and a hand-edited one must not decide which runs run). Whatever does not match is one UsageError."""
+    where = f"--resume {directory}"
+    header, entries = _journal(directory)
+    if header is None:
+        raise UsageError(f"{where}: {JOURNAL} has no header line")
+    header = results.parse(json.dumps(header), f"{directory / JOURNAL}: header")
+    if differs := results.identity_mismatch(header, fresh):
+        raise UsageError(f"{where}: the scenario differs from the one that wrote it: {differs}")
+    order = fresh["run_order"]
+    journal: dict[str, dict] = {}
+    for entry in entries:
+        run = entry["run"]
+        label = run["label"]
+        if label not in order:
+            raise UsageError(f"{where}: {JOURNAL} holds run {_quoted(label)}, which the plan does not have")
+        if run["position"] != order.index(label) + 1:
+            raise UsageError(f"{where}: {JOURNAL} holds run {label} at position {run['position']}, "
+                             f"planned at {order.index(label) + 1}")
+        if label in journal:
+            raise UsageError(f"{where}: {JOURNAL} holds run {label} twice")
+        journal[label] = run
+    doc = load(directory)
+    if differs := results.identity_mismatch(doc, fresh):
+        raise UsageError(f"{where}: the scenario differs from the one that wrote it: {differs}")
+    claimed = [label for label in doc["run_order"] if label not in doc["missing_runs"]]
+    for label in [*claimed, *(r["label"] for r in doc["runs"])]:
+        if label not in journal:
+            raise UsageError(f"{where}: {RESULTS} has run {_quoted(label)} done, {JOURNAL} does not "
+                             f"({len(journal)} of {len(order)} runs there)")
+    for run in doc["runs"]:
+        if run != journal[run["label"]]:
+            raise UsageError(f"{where}: {RESULTS} differs from {JOURNAL} in run {run['label']}")
+    doc["runs"] = [journal[label] for label in order if label in journal]
+    results.refresh(doc, scenario_shape(doc))
+    if not doc["complete"]:
+        doc["finished_at"] = None
+    return doc
+
+
+def _quoted(label: str) -> str:
+    text = repr(label)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _being_written(directory: Path) -> bool:
