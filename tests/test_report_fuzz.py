@@ -465,3 +465,19 @@ def test_resume_derives_the_state_from_the_journal(tmp_path):
     _resume_refused(directory, fresh, "twice")
     _journal(directory, fresh, [{**doc["runs"][0], "position": 2}])
     _resume_refused(directory, fresh, "at position 2, planned at 1")
+
+
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity"])
+def test_non_finite_number_is_refused_before_any_plot_is_rewritten(tmp_path, value):
+    """The probe: NaN in summary[0].goodput_bps.mean was a traceback in plot_tradeoff (exit 1), after
+    cwnd.png, rtt.png and throughput.png had been rewritten."""
+    directory = _write_dir(tmp_path)
+    assert _report(directory)[0] == 0  # plots of a good document exist, and must stay as they are
+    plots = {p.name: p.stat().st_ino for p in (directory / "plots").iterdir()}  # write_atomic: a new inode
+    text = json.dumps(BASE, indent=1)
+    doc = json.loads(text)
+    doc["summary"][0]["goodput_bps"]["mean"] = 1.5
+    (directory / "results.json").write_text(json.dumps(doc, indent=1).replace("1.5", value, 1))
+    line = _assert_refused(tmp_path, directory, _tree(tmp_path))
+    assert f"$.summary[0].goodput_bps.mean: expected number or null, got {float(value)}" in line, line
+    assert {p.name: p.stat().st_ino for p in (directory / "plots").iterdir()} == plots

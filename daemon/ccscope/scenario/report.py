@@ -64,6 +64,7 @@ def with_display_names(doc: dict) -> dict:
 
 PLOTTED_COLUMNS = ("cwnd_segments", "throughput_mbps", "srtt_ms", "rtt_ms")
 Series = dict[str, dict[str, tuple[list[float], list[float]]]]  # csv path -> column -> (times, values)
+Sink = Path | dict[str, bytes]  # where a plot goes: plots/ of a results directory, or name -> PNG
 
 
 def load_series(directory: Path, doc: dict) -> Series:
@@ -147,7 +148,7 @@ def _profiles(doc: dict) -> list[str]:
     return [p for p in doc["profiles"] if any(r["profile"] == p for r in doc["runs"])][:MAX_PANELS]
 
 
-def plot_timeseries(directory: Path, doc: dict, series: Series, column: str, ylabel: str, name: str, title: str,
+def plot_timeseries(directory: Sink, doc: dict, series: Series, column: str, ylabel: str, name: str, title: str,
                     with_ping: bool = False) -> str | None:
     profiles = _profiles(doc)
     if not profiles:
@@ -190,7 +191,7 @@ def plot_timeseries(directory: Path, doc: dict, series: Series, column: str, yla
     return _save(fig, directory, name) if drew else _discard(fig)
 
 
-def plot_tradeoff(directory: Path, doc: dict) -> str | None:
+def plot_tradeoff(directory: Sink, doc: dict) -> str | None:
     """Pantheon's summary plot: goodput against p95 delay, x inverted so the best lands top-right; one panel
     per profile (their scales differ by orders of magnitude), one point per algorithm, CI whiskers."""
     rows = [r for r in doc["summary"] if r["goodput_bps"]["mean"] is not None and r["srtt_p95_ms"]["mean"] is not None]
@@ -236,7 +237,7 @@ def plot_tradeoff(directory: Path, doc: dict) -> str | None:
     return _save(fig, directory, "tradeoff.png")
 
 
-def plot_loss(directory: Path, doc: dict) -> str | None:
+def plot_loss(directory: Sink, doc: dict) -> str | None:
     rows = [r for r in doc["summary"] if r["retransmit_ratio"]["mean"] is not None
             or r["link_drop_ratio"]["mean"] is not None][:MAX_PANELS]
     if not rows:
@@ -263,7 +264,7 @@ def plot_loss(directory: Path, doc: dict) -> str | None:
     return _save(fig, directory, "loss.png")
 
 
-def plot_downloads(directory: Path, doc: dict) -> str | None:
+def plot_downloads(directory: Sink, doc: dict) -> str | None:
     if not any(r["downloads"] for r in doc["runs"]):
         return None
     profiles = [p for p in _profiles(doc) if any(r["downloads"] for r in doc["runs"] if r["profile"] == p)]
@@ -304,13 +305,24 @@ def _download_timeout_s(doc: dict) -> float:
     return max(times, default=1.0) * 1.1
 
 
-def _save(fig, directory: Path, name: str) -> str:
-    (directory / "plots").mkdir(exist_ok=True)
+def _save(fig, sink: Sink, name: str) -> str:
+    """The PNG into plots/ of a results directory, or into a dict (render writes none until all are drawn)."""
     image = io.BytesIO()
-    fig.savefig(image, format="png", dpi=110)
-    plt.close(fig)
-    write_atomic(directory / "plots" / name, image.getvalue())
+    try:
+        fig.savefig(image, format="png", dpi=110)
+    finally:
+        plt.close(fig)
+    if isinstance(sink, dict):
+        sink[name] = image.getvalue()
+    else:
+        _write_plots(sink, {name: image.getvalue()})
     return f"plots/{name}"
+
+
+def _write_plots(directory: Path, images: dict[str, bytes]) -> None:
+    (directory / "plots").mkdir(exist_ok=True)
+    for name, data in images.items():
+        write_atomic(directory / "plots" / name, data)
 
 
 def _discard(fig) -> None:
@@ -391,7 +403,9 @@ def render(directory: Path, doc: dict, series: Series | None = None) -> Path:
     """report.html and the PNGs it shows, from results.json and the per-flow CSVs (load_series, which
     checks and reads them all before anything is written; pass its result if you have it already)."""
     doc = with_display_names(doc)
-    plots = _draw_plots(directory, doc, load_series(directory, doc) if series is None else series)
+    images: dict[str, bytes] = {}  # every plot is drawn before any file is written
+    plots = _draw_plots(images, doc, load_series(directory, doc) if series is None else series)
+    _write_plots(directory, images)
     sections = (_html_header(doc), _html_incomplete(directory, doc), _html_problems(doc), _html_summary(doc),
                 _html_plots(plots), _html_profiles(doc), _html_runs(doc), _html_downloads(doc),
                 _html_environment(doc), _html_footer(doc))
@@ -400,7 +414,7 @@ def render(directory: Path, doc: dict, series: Series | None = None) -> Path:
     return path
 
 
-def _draw_plots(directory: Path, doc: dict, series: Series) -> list[str]:
+def _draw_plots(directory: Sink, doc: dict, series: Series) -> list[str]:
     return [p for p in (
         plot_timeseries(directory, doc, series, "cwnd_segments", "cwnd (segments)", "cwnd.png", "congestion window"),
         plot_timeseries(directory, doc, series, "throughput_mbps", "throughput (Mbit/s, 200 ms window)",

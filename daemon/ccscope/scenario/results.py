@@ -9,6 +9,7 @@ everything the report reads is typed here, so a hand-edited document is one line
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -146,8 +147,10 @@ _TYPES = {"object": dict, "array": list, "string": str, "boolean": bool, "null":
 def _is(value: Any, kind: str) -> bool:
     if kind == "integer":
         return isinstance(value, int) and not isinstance(value, bool)
-    if kind == "number":
-        return isinstance(value, int | float) and not isinstance(value, bool)
+    if kind == "number":  # finite: NaN and Infinity are valid Python JSON, and no measurement
+        if isinstance(value, float):
+            return math.isfinite(value)
+        return isinstance(value, int) and not isinstance(value, bool)
     return isinstance(value, _TYPES[kind])
 
 
@@ -158,7 +161,8 @@ def check(value: Any, schema: dict, path: str = "$") -> list[str]:
     if kinds is not None:
         kinds = [kinds] if isinstance(kinds, str) else kinds
         if not any(_is(value, k) for k in kinds):
-            return [f"{path}: expected {' or '.join(kinds)}, got {type(value).__name__}"]
+            got = value if isinstance(value, float) and not math.isfinite(value) else type(value).__name__
+            return [f"{path}: expected {' or '.join(kinds)}, got {got}"]
     if "enum" in schema and value not in schema["enum"]:
         problems.append(f"{path}: {_short(value)} is not one of {schema['enum']}")
     if isinstance(value, str):
