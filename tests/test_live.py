@@ -34,13 +34,15 @@ from ccscope.cc.provide import shown_names
 from ccscope.flows import FLOW_COLUMNS, FlowFilter, FlowTable
 from ccscope.live import hub as hubmod
 from ccscope.live import vendor
-from ccscope.live.app import LiveApp, table_rows, table_source
+from ccscope.live.app import EventStream, LiveApp, table_rows, table_source
 from ccscope.live.hub import Hub, TableSource, TooManyClients
 from ccscope.loader import ProbeOptions, TelemetryProbe
+from ccscope.server import MetricsServer
 from cgrouphelpers import Tree, cgroup_tree, kubepods_systemd, pod_logs
 from livehelpers import artifacts_dir, chromium, console_errors, require_browser, screenshot, wait_js
 from nethelpers import Link, Sink, connect, free_port, parse_metrics, run, wait_for, wait_port
 from prereqs import ROOT, require, require_bpf_object, require_root, require_tools
+from prometheus_client import CollectorRegistry
 
 USER, PASSWORD = "viewer", "s3cret-live"
 LINK_RATE_MBPS = 30
@@ -641,19 +643,23 @@ def test_slow_client_loses_oldest_updates_and_is_told() -> None:
 def test_client_limit_answers_503() -> None:
     require(not vendor.missing_files(), "live page assets not built: make assets")
     hub = Hub()
-    app = LiveApp(hub)
+    server = MetricsServer(CollectorRegistry(), "127.0.0.1", 0)
+    LiveApp(hub).mount(server)
     try:
         clients = [hub.connect() for _ in range(hubmod.MAX_CLIENTS)]
         with pytest.raises(TooManyClients):
             hub.connect()
-        assert app.get("/events").status == 503
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"http://127.0.0.1:{server.port}/events", timeout=5)
+        assert (refused.value.code, refused.value.headers["Retry-After"]) == (503, "10")
         hub.disconnect(clients[0])
-        stream = app.get("/events")  # the freed slot; closing the stream (even unread) frees it again
+        stream = EventStream(hub)  # the freed slot; closing the stream (even unread) frees it again
         assert hub.client_count == hubmod.MAX_CLIENTS
         stream.close()
         assert hub.client_count == hubmod.MAX_CLIENTS - 1
     finally:
         hub.close()
+        server.close()
 
 
 def test_bufferbloat_thresholds_are_the_alert_rules() -> None:

@@ -1,4 +1,5 @@
-"""The live page's HTTP side, as a WSGI app the metrics server mounts next to /metrics (same auth, same TLS).
+"""The live page's HTTP side: its routes on the daemon's (or a scenario's) HTTP server, next to /metrics (same
+listener, same auth, same TLS), answered in the server's own Response and Stream.
 
 GET /            the page
 GET /static/F    its script, stylesheet and the vendored chart library (a fixed list, nothing else on disk)
@@ -13,14 +14,13 @@ import heapq
 import mimetypes
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
 from ccscope.attribution import Attributor
 from ccscope.errors import PrerequisiteError
 from ccscope.flows import FLOW_COLUMNS, UNKNOWN, FlowFilter, FlowRecord, attribution_columns, decode
-from ccscope.web.server import HttpServer, Request, Response, Route, Stream
+from ccscope.web.server import HttpServer, Request, Response, Route, Stream, text_response
 
 from . import vendor
 from .hub import Hub, TooManyClients, event
@@ -77,14 +77,6 @@ def table_rows(source: tuple[list[FlowRecord], int], attributor: Attributor | No
                      for f, t in zip(flows, texts, strict=True)]}
 
 
-@dataclass
-class Reply:
-    status: int
-    body: bytes
-    content_type: str = "text/plain; charset=utf-8"
-    headers: list[tuple[str, str]] = field(default_factory=list)
-
-
 class EventStream:
     """One page's event stream: an iterator of SSE chunks; close() (also when never iterated) frees the slot."""
 
@@ -120,7 +112,7 @@ class EventStream:
 
 
 class LiveApp:
-    """The page's paths: get() answers one, mount() adds them all to the daemon's HTTP server."""
+    """The page's routes: mount() adds them to the HTTP server; show_report() adds a scenario's report."""
 
     def __init__(self, hub: Hub) -> None:
         self.hub = hub
@@ -128,40 +120,13 @@ class LiveApp:
         self.report_dir: Path | None = None
         self._server: HttpServer | None = None
 
-    def get(self, path: str) -> Reply | EventStream:
-        if path in ("/", "/index.html"):
-            return self._file("index.html")
-        if path.startswith("/static/"):
-            return self._file(path.removeprefix("/static/"))
-        if path == "/events":
-            try:
-                return EventStream(self.hub)
-            except TooManyClients as exc:
-                return Reply(503, f"{exc}\n".encode(), headers=[("Retry-After", "10")])
-        if path.startswith("/report/"):
-            return self._report(path.removeprefix("/report/"))
-        return Reply(404, b"not found\n")
-
-    def _file(self, name: str) -> Reply:
-        if name not in self.files:
-            return Reply(404, b"not found\n")
-        body, content_type = self.files[name]
-        return Reply(200, body, content_type, [("Cache-Control", "no-cache"), *SECURITY_HEADERS])
-
-    def _report(self, name: str) -> Reply:
-        if self.report_dir is None or not _REPORT_FILE.match(name):
-            return Reply(404, b"no report yet\n")
-        try:
-            body = (self.report_dir / name).read_bytes()
-        except OSError:
-            return Reply(404, b"not found\n")
-        return Reply(200, body, _content_type(name))
-
     def mount(self, server: HttpServer) -> None:
         """The page's paths on the daemon's server, beside /metrics: same listener, same TLS and auth."""
-        for path in ("/", "/index.html", *(f"/static/{name}" for name in self.files)):
-            server.add_route(path, Route(self._handler(path)))
-        server.add_route("/events", Route(self._handler("/events"), stream=True))
+        server.add_route("/", Route(self._file("index.html")))
+        server.add_route("/index.html", Route(self._file("index.html")))
+        for name in self.files:
+            server.add_route(f"/static/{name}", Route(self._file(name)))
+        server.add_route("/events", Route(self._events, stream=True))
         self._server = server
 
     def show_report(self, directory: Path, report: Path) -> str:
@@ -170,17 +135,29 @@ class LiveApp:
         if self._server is not None:
             names = [report.name, *(f"plots/{p.name}" for p in sorted((directory / "plots").glob("*.png")))]
             for name in names:
-                self._server.add_route(f"/report/{name}", Route(self._handler(f"/report/{name}")))
+                if _REPORT_FILE.match(name):
+                    self._server.add_route(f"/report/{name}", Route(self._report(directory / name)))
         return f"report/{report.name}"
 
-    def _handler(self, path: str) -> Callable[[Request], Response | Stream]:
-        def handle(_request: Request) -> Response | Stream:
-            reply = self.get(path)
-            if isinstance(reply, EventStream):
-                return Stream(reply, "text/event-stream", list(reply.headers))
-            return Response(reply.status, reply.body, reply.content_type, reply.headers)
+    def _file(self, name: str) -> Callable[[Request], Response]:
+        body, content_type = self.files[name]
+        response = Response(200, body, content_type, [("Cache-Control", "no-cache"), *SECURITY_HEADERS])
+        return lambda _request: response
 
+    def _report(self, path: Path) -> Callable[[Request], Response]:
+        def handle(_request: Request) -> Response:
+            try:
+                return Response(200, path.read_bytes(), _content_type(path.name))
+            except OSError:
+                return text_response(404)
         return handle
+
+    def _events(self, _request: Request) -> Response | Stream:
+        try:
+            stream = EventStream(self.hub)
+        except TooManyClients as exc:
+            return text_response(503, str(exc), [("Retry-After", "10")])
+        return Stream(stream, "text/event-stream", list(stream.headers))
 
 
 _BYE = event("bye", {})
