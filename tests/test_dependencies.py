@@ -57,7 +57,7 @@ LAYERS = (
     {"host"},
     {"cc", "attribution", "flows", "loader", "exporter", "server", "web", "live"},
     {"emulation"},
-    {"scenario"},
+    {"scenario", "serve"},  # serve: the far end of a real-path scenario
     {"cli", "check"},
 )
 PACKAGE = ROOT / "daemon" / "ccscope"

@@ -478,8 +478,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .cc.cli import register as register_cc
     from .scenario.cli import register as register_scenario
+    from .serve.cli import register as register_serve
 
     register_scenario(sub)
+    register_serve(sub)
     register_cc(sub)
     return parser
 

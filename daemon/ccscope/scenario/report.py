@@ -381,7 +381,20 @@ def summary_table(doc: dict) -> str:
     note = "± is the 95% confidence interval over runs" if doc["runs_per_unit"] > 1 else "1 run per cell: no interval"
     if not doc["complete"]:
         note += f"; INCOMPLETE: {len(doc['runs'])} of {len(doc['run_order'])} runs"
+    lines += [_real_line(name, p) for name, p in (doc.get("real_paths") or {}).items()]
     return f"\n{doc['scenario']['name']} ({note})\n" + "\n".join(lines)
+
+
+def _real_line(name: str, p: dict) -> str:
+    cap, idle = p.get("capacity_estimate_bps"), p.get("idle_rtt_first_ms")
+    parts = [f"real path {name}: {p.get('target')} via {p.get('via') or 'routing table'}, {p.get('direction')}, "
+             f"{p.get('far_end')}", "idle RTT " + ("-" if idle is None else f"{idle:.2f} ms"),
+             "capacity estimate " + ("-" if not cap else f"{cap / 1e6:.2f} Mbit/s")]
+    if p.get("flagged_runs"):
+        parts.append(f"idle RTT moved in {', '.join(p['flagged_runs'])}")
+    if not p.get("sender_telemetry"):
+        parts.append("sender telemetry absent (this host's receiver view)")
+    return "; ".join(parts)
 
 
 # --- html ------------------------------------------------------------------------------------------
@@ -407,7 +420,7 @@ def render(directory: Path, doc: dict, series: Series | None = None) -> Path:
     plots = _draw_plots(images, doc, load_series(directory, doc) if series is None else series)
     _write_plots(directory, images)
     sections = (_html_header(doc), _html_incomplete(directory, doc), _html_problems(doc), _html_summary(doc),
-                _html_plots(plots), _html_profiles(doc), _html_runs(doc), _html_downloads(doc),
+                _html_real(doc), _html_plots(plots), _html_profiles(doc), _html_runs(doc), _html_downloads(doc),
                 _html_environment(doc), _html_footer(doc))
     path = directory / "report.html"
     write_atomic(path, "\n".join(part for part in sections if part) + "\n")
@@ -467,13 +480,41 @@ def _html_summary(doc: dict) -> str:
         "over runs. Definitions: docs/scenarios.md.</p>"])
 
 
+def _html_real(doc: dict) -> str:
+    """What was measured about each real path: idle RTT before every run, moved runs, capacity estimate."""
+    paths = doc.get("real_paths") or {}
+    if not paths:
+        return ""
+    rows = []
+    for name, p in paths.items():
+        idle = [x for x in p.get("idle_rtt_ms", []) if isinstance(x, int | float)]
+        cap = p.get("capacity_estimate_bps")
+        goodputs = "; ".join(f"{alg} {g / 1e6:.2f}" + (f" ({100 * g / cap:.0f}%)" if cap else "")
+                             for alg, g in (p.get("goodput_bps") or {}).items() if isinstance(g, int | float))
+        rows.append([name, p.get("target"), p.get("via") or "(routing table)", p.get("direction"), p.get("far_end"),
+                     "yes" if p.get("sender_telemetry") else "ABSENT (this host's receiver view)",
+                     "-" if not idle else f"{idle[0]:.2f} ({min(idle):.2f}-{max(idle):.2f})",
+                     ", ".join(p.get("flagged_runs") or []) or "-",
+                     "-" if not cap else f"{cap / 1e6:.2f}", goodputs or "-"])
+    note = ("<p>A real network, not an emulated one: nothing of the path is configured, so it is measured. "
+            "Idle RTT: median of pings to the target right before each run (first run, and the range). A run is "
+            "flagged when its idle RTT moved by more than 50% and 2 ms from the first run's: the path changed "
+            "under the experiment. Capacity estimate: the largest goodput any run reached on the path, a lower "
+            "bound; each algorithm's mean goodput is shown as a share of it.</p>")
+    return "<h2>Real paths</h2>" + _table(
+        ["profile", "target", "via", "direction", "far end", "sender telemetry", "idle RTT ms first (range)",
+         "flagged runs (idle RTT moved)", "capacity estimate Mbit/s", "goodput Mbit/s (of estimate)"],
+        rows, numeric_from=99) + note
+
+
 def _html_plots(plots: list[str]) -> str:
     return "<h2>Plots</h2>" + "".join(f"<p><img src='{p}' alt='{p}'></p>" for p in plots)
 
 
 def _html_profiles(doc: dict) -> str:
     part = "<h2>Profiles</h2>" + _table(["profile", "path", "base RTT ms", "BDP bytes"], [
-        [n, p["description"], f"{p['base_rtt_s'] * 1e3:g}", f"{p['bdp_bytes']:.0f}"]
+        [n, p["description"], "-" if p["base_rtt_s"] is None else f"{p['base_rtt_s'] * 1e3:g}",
+         "-" if p["bdp_bytes"] is None else f"{p['bdp_bytes']:.0f}"]
         for n, p in doc["profiles"].items()],
         numeric_from=2)
     if doc["emulation_checks"]:

@@ -19,6 +19,8 @@ from ccscope.errors import UsageError
 
 from . import confined
 from .environment import capture, now_iso
+from .realpath import is_real
+from .realpath import summary as real_summary
 
 SCHEMA_VERSION = 2  # 2: complete, missing_runs, interrupted, backend_requested, resumed_at
 NUM = ["number", "null"]
@@ -66,7 +68,9 @@ _RUN = {"type": "object",
             "ping": {"type": ["object", "null"], "required": ["sent", "received", "rtt_ms"],
                      "properties": {"sent": {"type": "integer"}, "received": {"type": "integer"},
                                     "rtt_ms": _SUMMARY, "csv": {"type": ["string", "null"]}}},
-            "link": {"type": "object", "required": ["up", "down"], "properties": {"up": _LINK_DIR, "down": _LINK_DIR}},
+            # up and down on an emulated path; empty on a real one (no bottleneck of ours to count)
+            "link": {"type": "object", "properties": {"up": _LINK_DIR, "down": _LINK_DIR}},
+            "real": {"type": ["object", "null"]},  # a real path's run: realpath.py
             "jain": {"type": NUM}, "per_algorithm": {"type": "object"},
             # optional (older files lack them): the run's common window, the goodput summed over it, and
             # the link's own egress rate over it
@@ -90,7 +94,9 @@ _ROW = {"type": "object",
                                                                        "complete": {"type": "integer"},
                                                                        "completion_time_median_s": {"type": NUM}}}}}}}}
 _PROFILE = {"type": "object", "required": ["description", "base_rtt_s", "bdp_bytes", "up_rate_bps"],
-            "properties": {"description": _TEXT, "base_rtt_s": {"type": "number"}, "bdp_bytes": {"type": "number"},
+            # a real path has no configured RTT or rate (null) and says where it goes in `real`
+            "properties": {"description": _TEXT, "base_rtt_s": {"type": NUM}, "bdp_bytes": {"type": NUM},
+                           "real": {"type": "object"},
                            "up_rate_bps": {"type": NUM}, "down_rate_bps": {"type": NUM}}}
 _IMPLEMENTATION = {"type": "object", "required": ["name", "implementation", "display"],
                    "properties": {"name": _ALG, "implementation": {"enum": ["kernel", "bpf"]},
@@ -134,6 +140,8 @@ SCHEMA = {
         "resumed_at": {"type": "array", "items": {"type": "string"}},
         # optional: which implementation ran each algorithm (kernel module or ccscope's BPF); older files lack it
         "implementations": {"type": "object", "additionalProperties": _IMPLEMENTATION},
+        # optional: what the runs measured about each real path (realpath.summary); absent without one
+        "real_paths": {"type": "object"},
     },
 }
 RUN_SCHEMA = _RUN
@@ -217,9 +225,7 @@ def new_document(scenario, units, skipped: list[str], quick: bool, backend: str 
                      "sample_interval_s": scenario.sample_interval_s,
                      "download_timeout_s": scenario.traffic.downloads.timeout_s if scenario.traffic.downloads else None,
                      "definition": _jsonable(scenario.raw)},
-        "profiles": {name: {"description": p.describe(), "base_rtt_s": p.base_rtt_s, "bdp_bytes": p.bdp_bytes,
-                            "up_rate_bps": p.up.effective_rate_bps(), "down_rate_bps": p.down.effective_rate_bps()}
-                     for name, p in scenario.profiles.items()},
+        "profiles": {name: _profile_entry(p) for name, p in scenario.profiles.items()},
         "algorithms": ["+".join(m) for m in scenario.algorithms],
         "skipped_algorithms": skipped, "quick": quick, "runs_per_unit": scenario.runs, "seed": scenario.seed,
         "run_order": order, "environment": capture(scenario.seed, order), "emulation_checks": {},
@@ -227,6 +233,14 @@ def new_document(scenario, units, skipped: list[str], quick: bool, backend: str 
         "complete": False, "missing_runs": order, "interrupted": None, "backend_requested": backend,
         "resumed_at": [],
     }
+
+
+def _profile_entry(p) -> dict:
+    if is_real(p):
+        return {"description": p.describe(), "base_rtt_s": None, "bdp_bytes": None, "up_rate_bps": None,
+                "down_rate_bps": None, "real": p.as_dict()}
+    return {"description": p.describe(), "base_rtt_s": p.base_rtt_s, "bdp_bytes": p.bdp_bytes,
+            "up_rate_bps": p.up.effective_rate_bps(), "down_rate_bps": p.down.effective_rate_bps()}
 
 
 def new_run(unit, position: int) -> dict:
@@ -271,6 +285,8 @@ def refresh(doc: dict, scenario_like) -> None:
     doc["complete"] = not doc["missing_runs"]
     doc["summary"] = analysis.summarize(doc["runs"], scenario_like)
     doc["errors"] = [f"{r['label']}: {e}" for r in doc["runs"] for e in r["errors"]]
+    if any(r.get("real") for r in doc["runs"]):
+        doc["real_paths"] = real_summary(doc["runs"])
 
 
 def _jsonable(value: Any) -> Any:

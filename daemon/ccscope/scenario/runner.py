@@ -31,7 +31,7 @@ from ccscope.server import MetricsServer
 from ccscope.units import parse_listen
 from ccscope.web.server import Limits
 
-from . import analysis, linkmeter, results
+from . import analysis, linkmeter, realrun, results
 from .environment import namespace_sysctls, now_iso
 from .linkmeter import LinkMeter
 from .progress import Progress
@@ -54,6 +54,7 @@ class Options:
     verify: bool = True
     resume: Path | None = None  # a results directory to complete
     cleanup_stale: bool = False  # remove a killed run's leftovers instead of refusing to start
+    real: realrun.Context | None = None  # the scenario's real paths, checked by realrun.prepare()
 
 
 class Interrupted(CcscopeError):
@@ -145,6 +146,7 @@ def run(scenario: Scenario, options: Options, finish=None) -> tuple[Path, dict]:
     check_prerequisites()
     scenario, skipped = select_algorithms(scenario, options.skip_unavailable)
     units = plan(scenario)
+    options.real = realrun.prepare(scenario)  # real paths: reachable, far end known, before anything is made
     fresh = results.new_document(scenario, units, skipped, options.quick, options.backend)
     out = options.resume or options.out or default_out(scenario)
     if options.resume is None:
@@ -341,6 +343,8 @@ def _telemetry(scenario: Scenario, endpoint: Endpoint | None):
 def _run_unit(scenario: Scenario, unit: Unit, position: int, out: Path, recorder: Recorder, collector,
               progress: Progress, options: Options, verify: bool, doc: dict) -> dict:
     profile = scenario.profiles[unit.profile]
+    if options.real is not None and unit.profile in options.real.paths:  # this host's own network
+        return realrun.run_unit(scenario, unit, position, out, recorder, collector, progress, options.real)
     record = results.new_run(unit, position)
     with Testbed(profile, backend=options.backend, seed=scenario.seed + position) as tb:
         tb.set_algorithm(unit.mix[0])

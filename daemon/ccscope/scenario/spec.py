@@ -21,6 +21,8 @@ from ccscope.emulation.profile import PathProfile, check_text
 from ccscope.errors import UsageError
 from ccscope.units import parse_duration, parse_size
 
+from . import realpath
+
 TOP_KEYS = ("name", "description", "algorithms", "optional_algorithms", "duration", "warmup", "runs", "seed",
             "sample_interval", "profiles", "traffic", "quick")
 TRAFFIC_KEYS = ("bulk", "ping", "downloads")
@@ -61,7 +63,7 @@ class Scenario:
     name: str
     description: str
     source: str  # file the scenario came from
-    profiles: dict[str, PathProfile]
+    profiles: dict[str, PathProfile | realpath.RealPath]  # emulated, or a real path (realpath.py)
     algorithms: tuple[tuple[str, ...], ...]  # each entry one unit; several names compete in one run
     optional_algorithms: frozenset[str]
     duration_s: float
@@ -288,6 +290,9 @@ def _profiles(raw: Any, where: str) -> dict[str, PathProfile]:
     for name, body in raw.items():
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,31}", name):
             raise UsageError(f"{where}: profiles: {name!r} is not a profile name (letters, digits, - _ .)")
+        if realpath.is_real_body(body):
+            profiles[name] = realpath.RealPath.from_dict(name, body, f"{where}: profiles.{name}")
+            continue
         profiles[name] = PathProfile.from_dict(name, body, f"{where}: profiles.{name}")
         if profiles[name].up.effective_rate_bps() is None:
             raise UsageError(f"{where}: profiles.{name}.rate: missing (a scenario needs a bottleneck rate)")

@@ -1,0 +1,492 @@
+"""One run of a scenario over a real path (realpath.RealPath): this host's own network, a real far end.
+
+Nothing of the host's networking changes: iperf3 -C sets the algorithm on its sockets (TCP_CONGESTION),
+--bind-dev / -B and ping -I choose the way out, and no qdisc, route or sysctl is touched. The BPF
+recorder watches this host's namespace, and a run keeps only its own connections: those from the local
+port iperf3 reports to the target's address and test port. Before each run the idle RTT to the target
+is measured (ping) and compared with the profile's first run.
+
+The far end is either a plain `iperf3 -s` (one test at a time; bulk flows and ping; `direction: down`
+records this host's receiver view only) or `ccscope serve` (a server port per flow, and the sender's
+series from its kernel when it sends). prepare() checks every real profile before anything is created.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ccscope.emulation.testbed import terminate
+from ccscope.errors import PrerequisiteError, UsageError
+from ccscope.flows import FlowFilter
+from ccscope.hosttools import need
+from ccscope.serve import protocol
+
+from . import analysis, results
+from .environment import now_iso
+from .realpath import RealPath, is_real, rtt_moved
+from .recorder import FlowSeries, Sample, csv_text
+from .spec import Scenario, mix_label
+from .traffic import BulkFlow, _parse_iperf, bulk_plan, parse_ping, planned_seconds
+
+CONNECT_TIMEOUT_S = 3.0
+SLACK_S = 10.0  # connect and iperf3's end-of-test exchange beyond the flow's own duration
+STALL_MS = 5000  # iperf3 --snd-timeout/--rcv-timeout: a path that carries nothing this long has failed
+BUSY_BACKOFF_S = (1.0, 2.0, 4.0, 8.0)  # retries when a plain iperf3 server is busy with another test
+BUSY = "the server is busy"  # iperf3's error while its server runs another client's test
+IDLE_PINGS = 5
+THROUGHPUT_WINDOW_S = 0.2
+POLL_S = 0.05
+
+
+@dataclass
+class Resolved:
+    """A real profile checked before the runs: its address, its far end."""
+
+    profile: RealPath
+    address: str
+    far_end: str  # "ccscope serve" or "iperf3"
+    greeting: protocol.Greeting | None = None
+
+    @property
+    def serve(self) -> bool:
+        return self.greeting is not None
+
+    @property
+    def sender_telemetry(self) -> bool:
+        return self.profile.direction == "up" or bool(self.greeting and self.greeting.telemetry)
+
+
+@dataclass
+class Context:
+    paths: dict[str, Resolved]
+    netns: int  # this process's network namespace: the recorder's filter
+    first_rtt_ms: dict[str, float] = field(default_factory=dict)
+
+
+# --- before anything runs ---------------------------------------------------------------------------
+
+
+def prepare(scenario: Scenario) -> Context | None:
+    """Resolves and probes every real profile (one line on the first problem); None without any."""
+    real = {name: p for name, p in scenario.profiles.items() if is_real(p)}
+    if not real:
+        return None
+    need("iperf3", "ping")
+    paths = {name: _resolve(scenario, name, p) for name, p in real.items()}
+    return Context(paths=paths, netns=os.stat("/proc/self/ns/net").st_ino)
+
+
+def _resolve(scenario: Scenario, name: str, p: RealPath) -> Resolved:
+    where = f"profiles.{name}"
+    if p.via is not None and not p.via_is_address:
+        try:
+            socket.if_nametoindex(p.via)
+        except OSError:
+            raise UsageError(f"{where}.via: no interface {p.via!r} on this host") from None
+    try:
+        infos = socket.getaddrinfo(p.host, p.port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise UsageError(f"{where}.target: cannot resolve {p.host!r}: {exc.strerror}") from None
+    address = infos[0][4][0]
+    greeting = _probe(where, p, address)
+    path = Resolved(p, address, "ccscope serve" if greeting else "iperf3", greeting)
+    _check_far_end(scenario, where, path)
+    return path
+
+
+def _probe(where: str, p: RealPath, address: str) -> protocol.Greeting | None:
+    via = f" via {p.via}" if p.via else ""
+    try:
+        sock = protocol.connect(address, p.port, p.via, p.via_is_address, CONNECT_TIMEOUT_S)
+    except TimeoutError:
+        raise PrerequisiteError(f"{where}: no answer from {p.target}{via} within {CONNECT_TIMEOUT_S:g} s "
+                                "(unreachable, or a firewall drops it)") from None
+    except OSError as exc:
+        if p.via_is_address and exc.errno in (99,):  # EADDRNOTAVAIL
+            raise UsageError(f"{where}.via: {p.via} is not an address of this host") from None
+        raise PrerequisiteError(f"{where}: cannot connect to {p.target}{via}: {exc.strerror or exc}",
+                                "start `ccscope serve` (or `iperf3 -s`) on the far host") from None
+    with sock:
+        return protocol.greeting(sock)
+
+
+def _check_far_end(scenario: Scenario, where: str, path: Resolved) -> None:
+    t = scenario.traffic
+    if not path.serve:
+        if t.downloads is not None:
+            raise UsageError(f"{where}: downloads need `ccscope serve` on the far end ({path.profile.target} is a "
+                             "plain iperf3 server)")
+        if t.flows > 1 or any(len(mix) > 1 for mix in scenario.algorithms):
+            raise UsageError(f"{where}: several flows at once need `ccscope serve` on the far end (a plain "
+                             f"iperf3 server at {path.profile.target} runs one test at a time)")
+        return
+    assert path.greeting is not None
+    longest = planned_seconds(scenario) + scenario.warmup_s
+    if path.greeting.max_seconds and longest > path.greeting.max_seconds:
+        raise UsageError(f"{where}: a run lasts {longest:g} s, the far end's ccscope serve allows "
+                         f"{path.greeting.max_seconds:g} s (its --max-seconds)")
+    if t.downloads is not None:
+        raise UsageError(f"{where}: downloads over a real path are not supported yet (bulk flows and ping are)")
+
+
+# --- one run ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class RealTraffic:
+    start_mono: float = 0.0
+    end_mono: float = 0.0
+    bulk: list[BulkFlow] = field(default_factory=list)
+    ping: list[tuple[float, float]] = field(default_factory=list)
+    ping_sent: int = 0
+    remote: dict[int, dict] = field(default_factory=dict)  # flow index -> serve's "done" reply
+    errors: list[str] = field(default_factory=list)
+
+
+def run_unit(scenario: Scenario, unit, position: int, out: Path, recorder, collector, progress,
+             ctx: Context) -> dict:
+    path = ctx.paths[unit.profile]
+    p = path.profile
+    record = results.new_run(unit, position)
+    record.update(netns=ctx.netns, backend="real path", link={})
+    real = record["real"] = {"target": p.target, "address": path.address, "via": p.via, "direction": p.direction,
+                             "far_end": path.far_end, "sender_telemetry": path.sender_telemetry,
+                             "idle_rtt_ms": None, "idle_rtt_samples_ms": [], "rtt_moved": False, "failed": False}
+    progress.note(f"{unit.label}: idle RTT to {p.target}{' via ' + p.via if p.via else ''}")
+    samples = idle_rtt_ms(path)
+    real["idle_rtt_samples_ms"] = samples
+    if not samples:
+        record["errors"].append(f"no ping reply from {p.target} before the run: the path is down; run skipped")
+        real["failed"] = True
+        return record
+    idle = real["idle_rtt_ms"] = round(statistics.median(samples), 3)
+    first = ctx.first_rtt_ms.setdefault(unit.profile, idle)
+    real["idle_rtt_first_ms"] = first
+    if rtt_moved(first, idle):
+        real["rtt_moved"] = True
+        progress.note(f"{unit.label}: idle RTT {idle:.2f} ms moved from the first run's {first:.2f} ms")
+    collector.filter = FlowFilter(netns={ctx.netns})
+    labels = {"scenario": scenario.name, "profile": unit.profile, "algorithm": mix_label(unit.mix),
+              "run": str(unit.repetition)}
+    collector.set_netns_labels({ctx.netns: labels})
+    log_dir = out / "raw" / _stem(unit)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    recorder.start(ctx.netns)
+    record["started_at"] = now_iso()
+    progress.start(position, unit.label, profile=unit.profile, algorithm=mix_label(unit.mix),
+                   repetition=unit.repetition)
+    try:
+        traffic = run_traffic(path, scenario, unit.mix, progress.update, log_dir)
+    finally:
+        series = recorder.stop()
+        collector.set_netns_labels({})
+    record["duration_s"] = round(traffic.end_mono - traffic.start_mono, 3)
+    fill(record, scenario, unit, path, traffic, series, out)
+    real["failed"] = bool(record["errors"])
+    return record
+
+
+def idle_rtt_ms(path: Resolved) -> list[float]:
+    argv = ["ping", "-n", "-c", str(IDLE_PINGS), "-i", "0.2", "-W", "1", *_ping_via(path), path.address]
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=IDLE_PINGS * 0.2 + 5).stdout
+    except subprocess.TimeoutExpired:
+        return []
+    return [float(x) for x, _ in (line.split(" ms", 1) for line in out.split("time=")[1:])]
+
+
+def _ping_via(path: Resolved) -> list[str]:
+    return ["-I", path.profile.via] if path.profile.via else []
+
+
+def _stem(unit) -> str:
+    return f"{unit.profile}_{mix_label(unit.mix)}_r{unit.repetition}"
+
+
+@dataclass
+class _Child:
+    name: str
+    proc: subprocess.Popen
+    out: Path
+    err: Path
+
+    def text(self) -> tuple[str, str]:
+        return (self.out.read_text(errors="replace") if self.out.exists() else "",
+                self.err.read_text(errors="replace") if self.err.exists() else "")
+
+
+def _spawn(name: str, argv: list[str], log_dir: Path) -> _Child:
+    out, err = log_dir / f"{name}.out", log_dir / f"{name}.err"
+    with out.open("wb") as o, err.open("wb") as e:  # files, never pipes: iperf3 -J of a long flow is large
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=o, stderr=e, start_new_session=True)
+    return _Child(name, proc, out, err)
+
+
+def run_traffic(path: Resolved, scenario: Scenario, mix: tuple[str, ...], progress, log_dir: Path) -> RealTraffic:
+    """The timed phase, retried with backoff while a plain iperf3 server answers that it is busy."""
+    for attempt, backoff in enumerate((*BUSY_BACKOFF_S, None)):
+        result = RealTraffic(bulk=bulk_plan(scenario, mix))
+        for flow in result.bulk:
+            flow.port = path.profile.port  # a plain iperf3 server's (serve hands out one per flow below)
+        sessions: dict[int, protocol.Session] = {}
+        children: list[_Child] = []
+        try:
+            if path.serve:
+                _open_sessions(path, scenario, result, sessions)
+            busy = _timed_phase(path, scenario, result, children, log_dir, progress, attempt)
+            if busy and backoff is not None:
+                print(f"ccscope: {path.profile.target} is busy with another test; retrying in {backoff:g} s",
+                      file=sys.stderr)
+                time.sleep(backoff)
+                continue
+            _collect(result, children, path)
+            if busy:
+                tries = len(BUSY_BACKOFF_S) + 1
+                result.errors = [f"{path.profile.target}: the server is busy with another test (it turned "
+                                 f"{tries} tries over {sum(BUSY_BACKOFF_S):g} s away)"]
+            _remote_telemetry(result, sessions)
+            return result
+        finally:
+            for child in children:
+                terminate(child.proc, grace_s=2.0)
+            for session in sessions.values():
+                session.close()
+    raise AssertionError("unreachable")
+
+
+def _open_sessions(path: Resolved, scenario: Scenario, result: RealTraffic,
+                   sessions: dict[int, protocol.Session]) -> None:
+    p = path.profile
+    seconds = scenario.duration_s + scenario.warmup_s + max(f.start_offset_s for f in result.bulk)
+    for flow in result.bulk:
+        try:
+            sock = protocol.connect(path.address, p.port, p.via, p.via_is_address, CONNECT_TIMEOUT_S)
+            greeting = protocol.greeting(sock)
+            if greeting is None:
+                sock.close()
+                raise protocol.ServeError("the far end no longer answers as ccscope serve")
+            session = sessions[flow.index] = protocol.Session(sock, greeting)
+            reply = session.request({"op": "test", "cc": flow.algorithm, "seconds": seconds,
+                                     "reverse": p.direction == "down"})
+            flow.port = int(reply["port"])
+        except (OSError, protocol.ServeError) as exc:
+            flow.error = f"{p.target}: {exc}"
+
+
+def _iperf_argv(path: Resolved, scenario: Scenario, flow: BulkFlow) -> list[str]:
+    p = path.profile
+    argv = ["iperf3", "-c", path.address, "-p", str(flow.port), "-t", str(int(scenario.duration_s)),
+            "-O", str(int(scenario.warmup_s)), "-C", flow.algorithm, "-J", "-i", "0.2",
+            "--connect-timeout", str(int(CONNECT_TIMEOUT_S * 1000))]
+    if p.via is not None:
+        argv += ["-B", p.via] if p.via_is_address else ["--bind-dev", p.via]
+    if p.direction == "down":
+        argv += ["-R", "--rcv-timeout", str(STALL_MS)]
+    else:
+        argv += ["--snd-timeout", str(STALL_MS)]
+    return argv
+
+
+def _timed_phase(path: Resolved, scenario: Scenario, result: RealTraffic, children: list[_Child], log_dir: Path,
+                 progress, attempt: int) -> bool:
+    """Ping from t0 and each bulk flow at its offset, until all end or the deadline; True if the far end
+    said it was busy (everything of this attempt is then stopped)."""
+    t = scenario.traffic
+    planned = planned_seconds(scenario)
+    t0 = time.clock_gettime(time.CLOCK_MONOTONIC)
+    result.start_mono = t0
+    suffix = f"-try{attempt + 1}" if attempt else ""
+    if t.ping_interval_s is not None:
+        children.append(_spawn(f"ping{suffix}", ["ping", "-n", "-D", "-i", f"{t.ping_interval_s:g}",
+                                                 "-w", f"{max(1, round(planned))}", *_ping_via(path), path.address],
+                               log_dir))
+    pending = sorted((f for f in result.bulk if f.error is None), key=lambda f: f.start_offset_s)
+    deadline = t0 + planned + SLACK_S
+    bulk: dict[int, _Child] = {}
+    while True:
+        now = time.clock_gettime(time.CLOCK_MONOTONIC)
+        while pending and now - t0 >= pending[0].start_offset_s:
+            flow = pending.pop(0)
+            flow.start_mono = now
+            bulk[flow.index] = _spawn(f"iperf3-client{flow.index}{suffix}", _iperf_argv(path, scenario, flow), log_dir)
+            children.append(bulk[flow.index])
+        progress(min(now - t0, planned))
+        if any(child.proc.poll() is not None and _busy(child.text()[0]) for child in bulk.values()):
+            for child in children:
+                terminate(child.proc, grace_s=2.0)
+            result.end_mono = time.clock_gettime(time.CLOCK_MONOTONIC)
+            return True
+        if not pending and all(c.proc.poll() is not None for c in bulk.values()):
+            break
+        if now > deadline:
+            late = ", ".join(c.name for c in bulk.values() if c.proc.poll() is None)
+            result.errors.append(f"traffic did not finish within {deadline - t0:.0f} s; stopped {late}")
+            break
+        time.sleep(POLL_S)
+    for child in children:  # SIGINT: iperf3 and ping still write their report, cut short
+        terminate(child.proc, signal.SIGINT, grace_s=3.0)
+    result.end_mono = time.clock_gettime(time.CLOCK_MONOTONIC)
+    return False
+
+
+def _busy(report: str) -> bool:
+    """iperf3 -J of a client the server turned away before the test started."""
+    try:
+        data = json.loads(report)
+    except ValueError:
+        return False
+    error = data.get("error") or "" if isinstance(data, dict) else ""
+    started = (data.get("start") or {}).get("connected") if isinstance(data, dict) else None
+    return not started and BUSY in error
+
+
+def _collect(result: RealTraffic, children: list[_Child], path: Resolved) -> None:
+    wall_offset = time.time() - time.clock_gettime(time.CLOCK_MONOTONIC)
+    by_name = {c.name.split("-try")[0]: c for c in children}  # the last attempt's
+    for flow in result.bulk:
+        child = by_name.get(f"iperf3-client{flow.index}")
+        if flow.error is None and child is None:
+            flow.error = "iperf3 did not start"
+        elif child is not None:
+            _parse_iperf(flow, *child.text(), log=child.out.name)
+            if flow.error and "congestion" in flow.error.lower():
+                flow.error = f"the far end refused {flow.algorithm} ({flow.error})"
+        if flow.error:
+            result.errors.append(f"bulk flow {flow.index} ({flow.algorithm}): {flow.error}")
+    if "ping" in by_name:
+        result.ping, result.ping_sent = parse_ping(by_name["ping"].text()[0], wall_offset)
+
+
+def _remote_telemetry(result: RealTraffic, sessions: dict[int, protocol.Session]) -> None:
+    for index, session in sessions.items():
+        try:
+            result.remote[index] = session.request({"op": "done"}, timeout=15.0)
+        except (OSError, protocol.ServeError) as exc:
+            result.errors.append(f"bulk flow {index}: no telemetry from the far end: {exc}")
+
+
+# --- the record -------------------------------------------------------------------------------------
+
+
+def own_series(flow: BulkFlow, address: str, series: dict[int, FlowSeries]) -> FlowSeries | None:
+    """This run's connection of `flow` on this host, and nothing else: the local port iperf3 reported,
+    to the target's address and test port (the host's other traffic never matches)."""
+    if flow.local_port is None:
+        return None
+    mine = [s for s in series.values() if s.sport == flow.local_port and s.dport == flow.port
+            and _same_address(s.dst, address) and s.samples]
+    return max(mine, key=lambda s: len(s.samples), default=None)
+
+
+def _same_address(a: str, b: str) -> bool:
+    return a == b or a.removeprefix("::ffff:") == b.removeprefix("::ffff:")
+
+
+def remote_series(flow: BulkFlow, reply: dict | None) -> FlowSeries | None:
+    """The far end's series of the flow (its server port to our local port), on this host's clock: serve's
+    monotonic clock shifted by the difference at its reply (off by the reply's one-way delay)."""
+    if not reply or flow.local_port is None:
+        return None
+    offset = reply["received_mono"] - float(reply.get("now", 0.0))
+    flows = [f for f in reply.get("flows") or [] if isinstance(f, dict) and f.get("sport") == flow.port
+             and f.get("dport") == flow.local_port and f.get("samples")]
+    if not flows:
+        return None
+    f = max(flows, key=lambda f: len(f["samples"]))
+    samples = [Sample(row[0] + offset, *row[1:]) for row in f["samples"] if isinstance(row, list)
+               and len(row) == len(Sample.__dataclass_fields__)]
+    samples.sort(key=lambda s: s.t)
+    return FlowSeries(cookie=0, src=str(f.get("src")), sport=flow.port, dst=str(f.get("dst")),
+                      dport=flow.local_port, samples=samples) if samples else None
+
+
+def fill(record: dict, scenario: Scenario, unit, path: Resolved, traffic: RealTraffic,
+         series: dict[int, FlowSeries], out: Path) -> None:
+    t0 = traffic.start_mono
+    record["errors"] += traffic.errors
+    stem = _stem(unit)
+    down = path.profile.direction == "down"
+    srtt_by_algorithm: dict[str, list[float]] = {}
+    sender_series: dict[str, FlowSeries] = {}
+    for flow in traffic.bulk:
+        mine = own_series(flow, path.address, series)
+        sender = remote_series(flow, traffic.remote.get(flow.index)) if down else mine
+        s = sender or mine
+        entry, srtts = analysis.flow_metrics(s, scenario.warmup_s, t0) if s else (analysis.empty_flow(), [])
+        entry.update({"id": f"bulk{flow.index}", "kind": "bulk", "algorithm": flow.algorithm,
+                      "start_offset_s": round(flow.start_offset_s, 3), "iperf3": flow.iperf,
+                      "algorithm_iperf3": flow.iperf.get("sender_tcp_congestion"),
+                      "view": "sender" if sender else "receiver" if mine else None,
+                      "sender_host": "far end" if down else "this host"})
+        if sender is not None:
+            sender_series[entry["id"]] = sender
+            srtt_by_algorithm.setdefault(flow.algorithm, []).extend(srtts)
+            entry["csv"] = _write_csv(out, f"{stem}_bulk{flow.index}.csv", sender, t0)
+            kernel = entry["algorithm_kernel"]
+        else:
+            # this host received: its socket's cwnd/srtt are not the algorithm's; iperf3 says what the
+            # sender ran, and its report gives the goodput
+            entry.update(goodput_bps=flow.iperf.get("goodput_bps"), algorithm_kernel=None, srtt_ms=analysis.summary([]))
+            if mine is not None:
+                entry["receiver_csv"] = _write_csv(out, f"{stem}_bulk{flow.index}_receiver.csv", mine, t0)
+            kernel = None
+            if flow.error is None and mine is None:
+                record["errors"].append(f"bulk{flow.index}: no telemetry for the flow (local port {flow.local_port})")
+        iperf = entry["algorithm_iperf3"]
+        entry["algorithm_ok"] = (kernel == flow.algorithm if sender is not None else True) and \
+            (iperf == flow.algorithm or not flow.iperf)
+        if flow.error is None and not entry["algorithm_ok"]:
+            record["errors"].append(f"bulk{flow.index}: requested {flow.algorithm}, the sender's kernel ran "
+                                    f"{kernel}, iperf3 reports {iperf}")
+        if flow.error is None and sender is None and path.sender_telemetry:
+            record["errors"].append(f"bulk{flow.index}: no sender telemetry for the flow (local port "
+                                    f"{flow.local_port})")
+        record["flows"].append(entry)
+    if traffic.ping_sent:
+        window_start = t0 + scenario.warmup_s
+        rtts = [rtt * 1e3 for t, rtt in traffic.ping if t >= window_start]
+        record["ping"] = {"sent": traffic.ping_sent, "received": len(traffic.ping), "rtt_ms": analysis.summary(rtts),
+                          "csv": _write_ping_csv(out, f"{stem}_ping.csv", traffic.ping, t0)}
+    _common_window(record, t0, sender_series)
+    record["per_algorithm"] = analysis.per_algorithm(record["flows"], srtt_by_algorithm, unit.mix, [])
+
+
+def _common_window(record: dict, t0: float, sender_series: dict[str, FlowSeries]) -> None:
+    """Goodput of each flow over the run's one common window, as emulated runs take it (runner.py); a flow
+    with only iperf3's report (this host received) keeps that report's goodput. No link counter here: a
+    real path's bottleneck is not ours to read."""
+    flows = [(f, sender_series.get(f["id"])) for f in record["flows"]]
+    window = analysis.common_window([(f["window_s"][0] + t0, f["window_s"][1] + t0) for f, s in flows
+                                     if s is not None and f.get("window_s") and f["goodput_bps"] is not None])
+    for f, s in flows:
+        if s is None or window is None:
+            f["goodput_common_bps"] = f["goodput_bps"]
+        else:
+            f["goodput_common_bps"] = analysis.window_goodput([x.t for x in s.samples],
+                                                              [x.bytes_acked for x in s.samples], window)
+    rates = [f["goodput_common_bps"] for f in record["flows"] if f["goodput_common_bps"] is not None]
+    record["jain"] = analysis.jain(rates)
+    record["goodput_bps"] = sum(rates) if rates else None
+
+
+def _write_csv(out: Path, name: str, series: FlowSeries, t0: float) -> str:
+    times = [s.t for s in series.samples]
+    tput = analysis.windowed_throughput(times, [s.bytes_acked for s in series.samples], THROUGHPUT_WINDOW_S)
+    (out / "flows" / name).write_text(csv_text(series.samples, t0, tput))
+    return f"flows/{name}"
+
+
+def _write_ping_csv(out: Path, name: str, ping: list[tuple[float, float]], t0: float) -> str:
+    lines = ["time_s,rtt_ms"] + [f"{t - t0:.4f},{rtt * 1e3:.3f}" for t, rtt in ping]
+    (out / "flows" / name).write_text("\n".join(lines) + "\n")
+    return f"flows/{name}"
+
