@@ -426,8 +426,9 @@ def test_wheel_ships_the_bpf_object_delay_line_and_scenarios(tmp_path: Path) -> 
         mode = zf.getinfo("ccscope/emulation/ccscope-delayline").external_attr >> 16
     assert "ccscope/bpf/ccscope.bpf.o" in names
     assert mode & 0o111, "the delay line must stay executable"
-    shipped = {Path(n).name for n in names if n.startswith("ccscope/scenarios/")}
-    assert shipped == {p.name for p in (ROOT / "scenarios").glob("*.yaml")}
+    shipped = {n.removeprefix("ccscope/scenarios/") for n in names if n.startswith("ccscope/scenarios/")}
+    assert shipped == {str(p.relative_to(ROOT / "scenarios")) for p in (ROOT / "scenarios").rglob("*.yaml")}
+    assert "templates/real-wired-vs-wireless.yaml" in shipped
     assert "wired-vs-wireless.yaml" in shipped
     # the live page works offline: its own files and the vendored chart library with its licence
     from ccscope.live import vendor

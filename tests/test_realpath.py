@@ -27,7 +27,7 @@ import pytest
 from ccscope.emulation import backends
 from ccscope.emulation.netns import iproute_in
 from ccscope.emulation.profile import LinkProfile
-from prereqs import require_bpf_object, require_root, require_tools
+from prereqs import ROOT, require_bpf_object, require_root, require_tools
 
 TARGET = "198.51.100.100"
 SERVE_PORTS = (5201, 5216)
@@ -401,3 +401,16 @@ def test_path_failing_mid_run_and_ctrl_c(net, tmp_path):
     assert not sh("pgrep", "-f", f"iperf3 -c {TARGET}", ns=net.laptop, check=False).strip()
     doc = json.loads((tmp_path / "out2" / "results.json").read_text())
     assert doc["interrupted"] == "SIGINT"
+
+
+def test_seed_001_template_runs_from_the_command_line(net, tmp_path):
+    """Seed 001 as one command: the template's far end and interfaces come from --target and --via, no YAML edit."""
+    template = ROOT / "scenarios" / "templates" / "real-wired-vs-wireless.yaml"
+    out = tmp_path / "out"
+    rc, _out, err = finish(scenario(net, template, out, "--target", TARGET, "--via", "wired=eth", "--via",
+                                    "wireless=wlan", "--quick", "--algorithms", "cubic", "--duration", "3s"))
+    assert rc == 0, err
+    doc = json.loads((out / "results.json").read_text())
+    assert {name: p["real"]["via"] for name, p in doc["profiles"].items()} == {"wired": "eth", "wireless": "wlan"}
+    goodput = {r["profile"]: r["goodput_bps"]["mean"] for r in doc["summary"]}
+    assert goodput["wireless"] < 0.6 * goodput["wired"], goodput  # the test topology's wlan is the slow one

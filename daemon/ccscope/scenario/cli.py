@@ -26,6 +26,10 @@ def register(sub) -> None:
     sc.add_argument("--duration", help="bulk flow duration, whole seconds (e.g. 20s)")
     sc.add_argument("--algorithms", help="comma-separated, replaces the scenario's list (e.g. cubic,bbr; "
                                            "cubic+bbr for a competing set in one run)")
+    sc.add_argument("--target", dest="far_end", metavar="HOST[:PORT]",
+                    help="the far end of every real-path profile (scenarios/templates/real-wired-vs-wireless.yaml)")
+    sc.add_argument("--via", metavar="PROFILE=IFACE", action="append",
+                    help="the interface (or source address) a real-path profile goes out through; repeatable")
     sc.add_argument("--skip-unavailable", action="store_true",
                     help="run without algorithms this kernel lacks instead of failing")
     sc.add_argument("--out", help="output directory (default ./results/<scenario>-<timestamp>)")
@@ -70,7 +74,8 @@ def cmd_scenario(args: argparse.Namespace) -> int:
         path = spec.resolve(args.target)
     if args.runs is not None and not 1 <= args.runs <= spec.MAX_RUNS:
         raise UsageError(f"--runs {args.runs} is out of range 1..{spec.MAX_RUNS}")
-    scenario = spec.load(path, quick=args.quick, duration=args.duration, runs=args.runs, algorithms=args.algorithms)
+    scenario = spec.load(path, quick=args.quick, duration=args.duration, runs=args.runs, algorithms=args.algorithms,
+                         target=args.far_end, via=args.via)
     return _run(scenario, args)
 
 

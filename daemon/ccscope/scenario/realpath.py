@@ -16,6 +16,7 @@ a unit over such a path.
 
 from __future__ import annotations
 
+import copy
 import ipaddress
 import re
 import statistics
@@ -107,8 +108,35 @@ def _is_address(text: str) -> bool:
     return True
 
 
+def override(data: dict, target: str | None, via: list[str]) -> dict:
+    """The scenario with --target (every real-path profile's far end) and --via PROFILE=IFACE applied, so a
+    template such as the built-in real-wired-vs-wireless runs without editing YAML."""
+    data = copy.deepcopy(data)
+    profiles = data.get("profiles")
+    real = {name: body for name, body in profiles.items() if is_real_body(body)} \
+        if isinstance(profiles, dict) else {}
+    if not real:
+        flag = "--target" if target is not None else "--via"
+        raise UsageError(f"{flag}: this scenario has no real-path profile (one with target:) to apply it to")
+    if target is not None:
+        parse_target(target, "--target")
+        for body in real.values():
+            body["target"] = target
+    for item in via:
+        name, sep, iface = item.partition("=")
+        if not sep or not iface:
+            raise UsageError(f"--via {item!r}: write PROFILE=INTERFACE (e.g. --via wired=eth0)")
+        if name not in real:
+            raise UsageError(f"--via {item!r}: no real-path profile {name!r} (the scenario has: "
+                             f"{', '.join(real)})")
+        real[name]["via"] = iface
+    return data
+
+
 def parse_target(raw: Any, where: str) -> tuple[str, int, bool]:
     """HOST, HOST:PORT, IPv6, [IPv6]:PORT -> (host, port, whether a port was given)."""
+    if raw is None:
+        raise UsageError(f"{where}: no far host yet: give it with --target HOST[:PORT] (e.g. --target 10.68.75.53)")
     if not isinstance(raw, str) or not raw.strip():
         raise UsageError(f"{where}: {raw!r} is not a host (give HOST or HOST:PORT, e.g. 10.68.75.53)")
     text = raw.strip()

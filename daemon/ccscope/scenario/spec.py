@@ -139,10 +139,12 @@ def check_file(path: Path) -> None:
 
 
 def load(path: Path, *, quick: bool = False, duration: str | None = None, runs: int | None = None,
-         algorithms: str | None = None) -> Scenario:
+         algorithms: str | None = None, target: str | None = None, via: list[str] | None = None) -> Scenario:
     """Read, merge the `quick:` overlay and command-line overrides, validate."""
     text = safe_input.read_text(path, "a scenario file")
     data = parse_yaml(text, path.name)
+    if target is not None or via:
+        data = realpath.override(data, target, via or [])
     return from_dict(data, path.name, source=str(path), quick=quick, duration=duration, runs=runs,
                      algorithms=algorithms)
 
