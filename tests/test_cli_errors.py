@@ -212,3 +212,13 @@ def test_interrupted_trace_has_no_traceback() -> None:
             proc.kill()
             proc.wait()
     assert proc.returncode == 0 and "Traceback" not in err and out == "", err
+
+
+@pytest.mark.parametrize("args", [["scenario", "run"], ["daemon", "--listen", "127.0.0.1:9", "--web.config.file"]])
+def test_a_file_that_is_not_ours_is_never_quoted(tmp_path: Path, args: list[str]) -> None:
+    """Run as root, `ccscope scenario run /etc/shadow` printed the file's first line in its error."""
+    shadow = tmp_path / "shadow"
+    shadow.write_text("root:$y$j9T$SECRETHASH:19000:0:99999:7:::\ndaemon:*:19000:0:99999:7:::\n")
+    result = run_cli(*args, str(shadow))
+    assert_one_line_error(result, 2, "(a key that is not a name)")
+    assert "SECRETHASH" not in result.stderr + result.stdout and "root:" not in result.stderr

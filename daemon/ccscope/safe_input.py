@@ -11,6 +11,7 @@ loader here refuses each of them with the line where it happens.
 from __future__ import annotations
 
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Any
@@ -102,6 +103,15 @@ def read_utf8(path: Path, limit: int, where: str, *, what: str | None = None, fo
         line = data.count(b"\n", 0, exc.start) + 1
         raise UsageError(f"{where}: line {line}: byte 0x{data[exc.start]:02x} is not UTF-8"
                          + (f" ({what} must be UTF-8 text)" if what else "")) from None
+
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}")
+
+
+def shown_key(key: object) -> str:
+    """A mapping key for an error line: a name as it is; anything else (the first line of /etc/shadow, read as
+    root, parses as one key) is never quoted back."""
+    return str(key) if isinstance(key, str) and _NAME.fullmatch(key) else "(a key that is not a name)"
 
 
 def _size(limit: int) -> str:

@@ -213,7 +213,7 @@ def _deep_merge(base: dict, over: dict) -> dict:
 def _known(data: dict, keys: tuple[str, ...], where: str, path: str) -> None:
     for key in data:
         if key not in keys:
-            at = f"{path}.{key}" if path else str(key)
+            at = f"{path}.{safe_input.shown_key(key)}" if path else safe_input.shown_key(key)
             raise UsageError(f"{where}: {at}: unknown key (known: {', '.join(keys)})")
 
 

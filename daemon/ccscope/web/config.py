@@ -152,7 +152,8 @@ def _string(value: object, where: str, path: Path) -> str:
 def _unknown(section: dict, known: tuple[str, ...], where: str, path: Path) -> None:
     for key in section:
         if key not in known:
-            raise UsageError(f"{FLAG} {path}: unknown field {where}{key} (fields: {', '.join(known)})")
+            raise UsageError(f"{FLAG} {path}: unknown field {where}{safe_input.shown_key(key)} "
+                             f"(fields: {', '.join(known)})")
 
 
 def load_web_config(path: Path) -> WebConfig:
