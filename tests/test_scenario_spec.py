@@ -82,6 +82,10 @@ BAD = [
     ("traffic.downloads", {"sizes": ["-1KB"], "timeout": "5s"}, "x.yaml: traffic.downloads.sizes[0]: '-1KB'"),
     ("traffic.downloads", {"sizes": ["5GB"], "timeout": "5s"}, "x.yaml: traffic.downloads.sizes[0]: '5GB' is more"),
     ("sample_interval", "5s", "x.yaml: sample_interval: '5s' is out of range"),
+    ("algorithms", ["bpf:"], "x.yaml: algorithms[0]: 'bpf:' is not a congestion control name"),
+    ("quick", {"profiles": ["nope"]}, "x.yaml: quick.profiles: 'nope' is not one of the profiles"),
+    ("quick", {"duration": "2.5s"}, "x.yaml: quick: duration: '2.5s' must be whole seconds"),
+    ("profiles", {f"p{i}": {"rate": "10mbit"} for i in range(65)}, "x.yaml: profiles: 65 profiles, more than 64"),
 ]
 
 
@@ -92,6 +96,27 @@ def test_bad_input_names_the_field(field, value, message):
     line = info.value.line()
     assert message in line, line
     assert "\n" not in line
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    ({"duration": "1.5s"}, "--duration '1.5s': must be whole seconds"),
+    ({"algorithms": "cubic,cubic"}, "--algorithms 'cubic,cubic': algorithms[1]: cubic is listed twice"),
+    ({"algorithms": "bpf:"}, "--algorithms 'bpf:': algorithms[0]: 'bpf:' is not a congestion control name"),
+])
+def test_bad_flags_name_the_flag_not_the_file(flags, message):
+    """A hostile probe's finding: --duration 1.5s was reported against the file; bpf: exited 3 later on."""
+    with pytest.raises(UsageError) as info:
+        spec.from_dict(GOOD, "x.yaml", **flags)
+    assert message in info.value.line() and "x.yaml" not in info.value.line()
+    assert info.value.exit_code == 2
+
+
+def test_a_competing_set_may_repeat_an_algorithm_from_the_file_and_the_flag():
+    """cubic+cubic (two cubic flows in one run, as the fairness built-in's quick variant has) is accepted both
+    ways; the same set listed twice ([cubic, cubic], --algorithms cubic,cubic) is refused both ways."""
+    by_flag = spec.from_dict(GOOD, "x.yaml", algorithms="cubic+cubic")
+    by_file = spec.from_dict(_with("algorithms", [["cubic", "cubic"]]), "x.yaml")
+    assert by_flag.algorithms == by_file.algorithms == (("cubic", "cubic"),)
 
 
 def test_malformed_yaml_and_missing_file(tmp_path):

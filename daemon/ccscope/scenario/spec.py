@@ -32,6 +32,7 @@ DOWNLOAD_KEYS = ("sizes", "every", "start", "timeout")
 MAX_DURATION_S = 3600.0
 MAX_RUNS = 100
 MAX_FLOWS = 16
+MAX_PROFILES = 64  # every profile is runs x algorithm sets of runs: 64 already means hours
 MAX_DOWNLOAD_BYTES = 1 << 30
 _ALG = re.compile(r"^[a-z][a-z0-9_]{0,14}$")  # TCP_CA_NAME_MAX is 16 with the NUL
 
@@ -164,11 +165,15 @@ def from_dict(data: dict, where: str, *, source: str = "", quick: bool = False, 
     overlay = data.pop("quick", None)
     if overlay is not None and not isinstance(overlay, dict):
         raise UsageError(f"{where}: quick: expected a mapping of overrides, got {overlay!r}")
-    if quick and overlay:
+    if overlay:
         _known(overlay, tuple(k for k in TOP_KEYS if k not in ("quick", "name")), where, "quick")
-        data = _merge_quick(data, overlay, where)
+        merged = _merge_quick(copy.deepcopy(data), overlay, where)
+        if quick:
+            data = merged
     if duration is not None:
         data["duration"] = parse_duration(duration, "--duration", 1.0, MAX_DURATION_S)
+        if data["duration"] != int(data["duration"]):
+            raise UsageError(f"--duration {duration!r}: must be whole seconds (iperf3 -t/-O take seconds)")
     if runs is not None:
         data["runs"] = runs
     if algorithms is not None:
@@ -181,6 +186,11 @@ def from_dict(data: dict, where: str, *, source: str = "", quick: bool = False, 
         # "cubic+bbr" is a competing set, spelled as results and reports label it
         data["algorithms"] = [name.split("+") if "+" in name else name for name in names]
         data["optional_algorithms"] = []
+        _algorithms(data["algorithms"], f"--algorithms {algorithms!r}")  # its mistakes are the flag's
+    if overlay and not quick:  # the quick variant is checked too, not only when --quick is given
+        flagged = {"duration": duration, "runs": runs, "algorithms": algorithms, "optional_algorithms": algorithms}
+        _build({**merged, **{k: data[k] for k, flag in flagged.items() if flag is not None}}, f"{where}: quick",
+               source)
     return _build(data, where, source)
 
 
@@ -259,7 +269,7 @@ def _check_alg(alg: Any, where: str) -> str:
     """A kernel congestion control name; `bpf:vegas` (ccscope's BPF Vegas, also next to a native one)
     becomes the name it is registered under, bpf_vegas."""
     name = normalize_algorithm(alg) if isinstance(alg, str) else alg
-    if not isinstance(name, str) or not _ALG.match(name):
+    if not isinstance(name, str) or not _ALG.match(name) or name == normalize_algorithm("bpf:"):
         raise UsageError(f"{where}: {alg!r} is not a congestion control name (like cubic, bbr, reno, bpf:vegas)")
     return name
 
@@ -275,7 +285,7 @@ def _algorithms(raw: Any, where: str) -> list[tuple[str, ...]]:
         if isinstance(entry, list):  # several algorithms competing in one run
             if not 2 <= len(entry) <= MAX_FLOWS:
                 raise UsageError(f"{at}: a competing set needs 2 to {MAX_FLOWS} algorithms, got {entry!r}")
-            mix = tuple(_check_alg(a, at) for a in entry)
+            mix = tuple(_check_alg(a, at) for a in entry)  # cubic+cubic: a flow of each, as fairness does
         else:
             mix = (_check_alg(entry, at),)
         if mix in mixes:
@@ -288,6 +298,8 @@ def _profiles(raw: Any, where: str) -> dict[str, PathProfile]:
     if not isinstance(raw, dict) or not raw:
         raise UsageError(f"{where}: profiles: expected a mapping of profile names to links "
                          f"(e.g. wired: {{rate: 100mbit, delay: 5ms}}), got {raw!r}")
+    if len(raw) > MAX_PROFILES:
+        raise UsageError(f"{where}: profiles: {len(raw)} profiles, more than {MAX_PROFILES} (split the scenario)")
     profiles = {}
     for name, body in raw.items():
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,31}", name):
