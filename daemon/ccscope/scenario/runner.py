@@ -8,7 +8,7 @@ import os
 import random
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -186,7 +186,7 @@ def run(scenario: Scenario, options: Options, finish=None) -> tuple[Path, dict]:
         doc["interrupted"] = None
         store.write(doc)
         if finish:
-            report = finish(out, doc)
+            report = write_report(lambda: finish(out, doc), out, len(doc["runs"]))
             if endpoint:
                 endpoint.show_report(out, report)
     return out, doc
@@ -255,6 +255,41 @@ def _signal_of(exc: SystemExit) -> int | None:
     """Testbed (and _raise_on_signals) turn SIGTERM/SIGHUP into SystemExit(128 + signal number)."""
     code = exc.code if isinstance(exc.code, int) else None
     return code - 128 if code in (128 + signal.SIGTERM, 128 + signal.SIGHUP) else None
+
+
+def write_report(write: Callable[[], Path], out: Path, runs: int) -> Path:
+    """Writes the report; SIGINT, SIGTERM or SIGHUP meanwhile ends the command with 128 + N. Rendering makes
+    much garbage, so a signal often lands in a finalizer, where Python prints "Exception ignored" and goes on:
+    Ctrl-C was lost (exit 0) about 2 times in 3. The handler records the signal, so it counts wherever it lands,
+    and the finalizers' noise about it is dropped."""
+    caught: list[int] = []
+
+    def stop(signum, frame):
+        caught.append(signum)
+        raise KeyboardInterrupt if signum == signal.SIGINT else SystemExit(128 + signum)
+
+    def unraisable(info) -> None:
+        if not isinstance(info.exc_value, KeyboardInterrupt | SystemExit):
+            hook(info)
+
+    hook, sys.unraisablehook = sys.unraisablehook, unraisable
+    old = {}
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        with contextlib.suppress(ValueError):  # not the main thread
+            old[sig] = signal.signal(sig, stop)
+    try:
+        report = write()
+    except (KeyboardInterrupt, SystemExit):
+        if not caught:
+            raise
+    finally:
+        _restore_signals(old)
+        sys.unraisablehook = hook
+    if caught:
+        raise Interrupted(caught[0], f"interrupted by {signal.Signals(caught[0]).name} while writing the report; "
+                                     f"the {runs} runs are saved in {out}/results.json",
+                          f"write the report with `ccscope report {out}`")
+    return report
 
 
 def _raise_on_signals() -> dict:
