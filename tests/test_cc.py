@@ -95,7 +95,7 @@ def test_sigterm_unregisters_a_foreground_load(ccscope_cmd, env):
             proc.kill()
 
 
-def test_cleanup_after_kill_9(ccscope_cmd, env):
+def test_cleanup_after_kill_9(ccscope_cmd, env, tmp_path: Path):
     before = available()
     proc, line = start_user(env, "bpf:vegas")
     try:
@@ -106,6 +106,13 @@ def test_cleanup_after_kill_9(ccscope_cmd, env):
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
     assert "bpf_vegas" in available()  # nobody unregistered it ...
+    # ... and the next scenario names it with a killed run's other leftovers, before it writes anything
+    tiny = tmp_path / "tiny.yaml"
+    tiny.write_text("name: tiny\nalgorithms: [cubic]\nduration: 2s\nprofiles:\n  p: {rate: 10mbit}\n"
+                    "traffic:\n  bulk: {flows: 1}\n")
+    refused = _cc(ccscope_cmd, env, "scenario", "run", str(tiny), "--listen", "off", "--out", str(tmp_path / "out"))
+    assert refused.returncode == 3 and "bpf_vegas still registered" in _one_line(refused), refused.stderr
+    assert not (tmp_path / "out").exists()
     res = _cc(ccscope_cmd, env, "cleanup")
     assert res.returncode == 0, res.stderr
     assert "removed BPF congestion control bpf_vegas" in res.stdout

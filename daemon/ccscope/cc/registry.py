@@ -98,6 +98,12 @@ def current() -> dict[str, Registration]:
     return {name: reg for name, reg in _load().items() if structops.is_registered(reg.map_id, name)}
 
 
+def abandoned() -> list[str]:
+    """Registrations that only dead processes used (a scenario or `cc load --foreground` killed with -9) and that
+    `cc load` does not hold: what cleanup() would unregister, without unregistering it."""
+    return sorted(name for name, reg in current().items() if not reg.held and not reg.live_users())
+
+
 def acquire(name: str, what: str) -> tuple[Registration, str]:
     """Registers `name` (or joins the existing registration); returns it and this use's token."""
     token = uuid.uuid4().hex

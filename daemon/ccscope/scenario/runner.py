@@ -15,6 +15,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+from ccscope.cc import registry
 from ccscope.cc.provide import check_forced, providable, provided
 from ccscope.emulation.testbed import Testbed
 from ccscope.errors import CcscopeError, PrerequisiteError, UsageError
@@ -240,15 +241,20 @@ def _open(out: Path, fresh: dict, options: Options) -> tuple[Store, dict]:
 
 
 def _refuse_stale(cleanup: bool) -> None:
-    """A killed run's namespaces, delay lines and iperf3 would compete with this run for the CPU."""
+    """A killed run's namespaces, delay lines and iperf3 would compete with this run for the CPU, and its BPF
+    congestion controls would stay registered (and allowed host-wide) with nobody using them."""
     leftovers = state.dead_leftovers()
-    if not leftovers:
+    abandoned = registry.abandoned()
+    if not leftovers and not abandoned:
         return
+    what = ", ".join(filter(None, [leftovers.describe(),
+                                   f"BPF congestion control{'s' if len(abandoned) > 1 else ''} "
+                                   f"{', '.join(abandoned)} still registered" if abandoned else ""]))
     if not cleanup:
-        raise PrerequisiteError(f"a killed run left {leftovers.describe()} behind; they would compete with this "
-                                "run for CPU", "run `ccscope cleanup`, or add --cleanup-stale")
+        raise PrerequisiteError(f"a killed run left {what} behind", "run `ccscope cleanup`, or add --cleanup-stale")
     state.cleanup_all(include_live=False)
-    print(f"ccscope: removed what a killed run left behind: {leftovers.describe()}", file=sys.stderr)
+    registry.cleanup()
+    print(f"ccscope: removed what a killed run left behind: {what}", file=sys.stderr)
 
 
 def _signal_of(exc: SystemExit) -> int | None:
