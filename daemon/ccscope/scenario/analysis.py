@@ -24,6 +24,8 @@ import bisect
 import math
 from collections.abc import Sequence
 
+from . import harm
+
 # t(0.975, df) for df = 1..30; beyond 30 the normal 1.96 is within 2%.
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
          2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
@@ -246,4 +248,9 @@ def per_algorithm(flows: list[dict], srtt_samples: dict[str, list[float]], mix: 
             "algorithm_ok": all(f.get("algorithm_ok", False) for f in mine)
             and all(d["algorithm_kernel"] in (None, alg) for d in dls),
         }
+    if len(out) > 1:  # a competing set: each algorithm's share of the run's goodput (harm.py)
+        goodputs = {alg: entry["goodput_bps"] for alg, entry in out.items()}
+        split = harm.shares(goodputs) if None not in goodputs.values() else None
+        for alg, entry in out.items():
+            entry["share"] = None if split is None else split[alg]
     return out

@@ -1,0 +1,60 @@
+"""Who wins and who gets hurt when algorithms share a link: throughput share, harm against a solo baseline,
+and the time the shares take to settle. Definitions (also in docs/scenarios.md):
+
+- share: one algorithm's (or flow's) goodput over the sum of all goodputs over the same window.
+- harm (Ware, Mukerjee, Seshan and Sherry, "Beyond Jain's Fairness Index: Setting the Bar for the Deployment
+  of Congestion Control Algorithms", HotNets 2019): how much worse an algorithm does sharing the link than
+  alone on the same path. For a metric where more is better (throughput): (solo - shared) / solo; where
+  less is better (p95 RTT, retransmit ratio): (shared - solo) / shared. 0 is no harm, 1 the most; a
+  negative value means it did better than alone. RFC 9743 asks new congestion controls to be judged so.
+- convergence time: from the start, the first time after which every share stays within +-10 % (relative)
+  of its final value; the final value is the share over the last FINAL_FRACTION of the series. None when
+  the shares never settle (they still move in the final stretch).
+
+Jain's index and the 95 % intervals over runs are analysis.jain and analysis.mean_ci95.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+SETTLED = 0.10          # relative band around the final share
+FINAL_FRACTION = 0.2    # the last fifth of the series defines the final shares
+
+
+def shares(values: dict[str, float]) -> dict[str, float] | None:
+    """{name: goodput} -> {name: fraction of the total}; None when the total is not positive."""
+    total = sum(values.values())
+    if total <= 0:
+        return None
+    return {name: value / total for name, value in values.items()}
+
+
+def harm_more_is_better(solo: float | None, shared: float | None) -> float | None:
+    """Throughput: (solo - shared) / solo."""
+    if solo is None or shared is None or solo <= 0:
+        return None
+    return (solo - shared) / solo
+
+
+def harm_less_is_better(solo: float | None, shared: float | None) -> float | None:
+    """Delay, loss: (shared - solo) / shared."""
+    if solo is None or shared is None or shared <= 0:
+        return None
+    return (shared - solo) / shared
+
+
+def convergence_time(times_s: Sequence[float], share_series: dict[str, Sequence[float]]) -> float | None:
+    """The first time from which every name's share stays within SETTLED of its final share (see above)."""
+    n = len(times_s)
+    if n < 5 or any(len(s) != n for s in share_series.values()):
+        return None
+    tail = max(1, int(n * FINAL_FRACTION))
+    final = {name: sum(s[-tail:]) / tail for name, s in share_series.items()}
+    settled_from = 0
+    for i in range(n):
+        if any(abs(s[i] - final[name]) > SETTLED * final[name] for name, s in share_series.items()):
+            settled_from = i + 1
+    if settled_from > n - tail:  # still moving inside the stretch that defines the final value
+        return None
+    return times_s[settled_from] - times_s[0]
