@@ -62,3 +62,34 @@ def test_per_algorithm_shares_in_a_competing_run() -> None:
     assert (both["bbr"]["share"], both["cubic"]["share"]) == (0.6, 0.4)
     alone = analysis.per_algorithm([flow("cubic", 9e6)], {}, ("cubic",))
     assert "share" not in alone["cubic"]
+
+
+def _run(mix: str, per: dict) -> dict:
+    return {"profile": "p", "algorithms": mix, "per_algorithm": per, "ping": None, "link": {}, "jain": None,
+            "downloads": []}
+
+
+def _per(goodput: float, p95: float, ratio: float, share: float | None = None) -> dict:
+    entry = {"goodput_bps": goodput, "srtt_ms": {"mean": p95, "median": p95, "p95": p95},
+             "retransmit_ratio": ratio, "algorithm_ok": True}
+    return entry if share is None else {**entry, "share": share}
+
+
+def test_summary_reuses_solo_runs_as_the_baseline_of_harm() -> None:
+    """cubic alone (9 Mbit/s, p95 40 ms, 1 % retransmits) and beside bbr (3 and 4 Mbit/s, 160 ms, 2 %): the
+    solo runs the scenario already has are the baseline; no extra run is made."""
+    from types import SimpleNamespace
+
+    runs = [_run("cubic", {"cubic": _per(9e6, 40.0, 0.01)}) for _ in range(2)]
+    runs += [_run("cubic+bbr", {"cubic": _per(g, 160.0, 0.02, s), "bbr": _per(9e6 - g, 160.0, 0.0, 1 - s)})
+             for g, s in ((3e6, 1 / 3), (4e6, 4 / 9))]
+    scenario = SimpleNamespace(profiles={"p": None}, algorithms=[("cubic",), ("cubic", "bbr")])
+    rows = {(r["algorithms"], r["algorithm"]): r for r in analysis.summarize(runs, scenario)}
+    cubic = rows[("cubic+bbr", "cubic")]
+    assert cubic["harm"]["throughput"]["mean"] == pytest.approx(((6 / 9) + (5 / 9)) / 2)
+    assert cubic["harm"]["srtt_p95"]["mean"] == pytest.approx(0.75)  # (160 - 40) / 160
+    assert cubic["harm"]["retransmit_ratio"]["mean"] == pytest.approx(0.5)
+    assert cubic["harm"]["solo_runs"] == 2 and cubic["harm"]["throughput"]["n"] == 2
+    assert cubic["share"]["mean"] == pytest.approx((1 / 3 + 4 / 9) / 2)
+    assert "harm" not in rows[("cubic+bbr", "bbr")]  # bbr never ran alone here
+    assert "share" not in rows[("cubic", "cubic")]

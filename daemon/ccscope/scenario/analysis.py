@@ -216,7 +216,30 @@ def summarize(runs: list[dict], scenario) -> list[dict]:
                                             if d["algorithm"] == alg]),
             "algorithm_ok": all(p["algorithm_ok"] for _, p in items),
         })
+    _add_harm(rows, groups)
     return rows
+
+
+def _add_harm(rows: list[dict], groups: dict[tuple[str, str, str], list[tuple[dict, dict]]]) -> None:
+    """Rows of a competing set get the algorithm's share and, where the scenario also ran the algorithm alone
+    on the same profile, its harm against that solo baseline (harm.py), each with a 95 % CI over the runs."""
+    solo = {(r["profile"], r["algorithm"]): r for r in rows if r["algorithms"] == r["algorithm"]}
+    for row in rows:
+        if "+" not in row["algorithms"]:
+            continue
+        items = groups[(row["profile"], row["algorithms"], row["algorithm"])]
+        row["share"] = mean_ci95([per.get("share") for _, per in items])
+        base = solo.get((row["profile"], row["algorithm"]))
+        if base is None:
+            continue
+        row["harm"] = {
+            "throughput": mean_ci95([harm.harm_more_is_better(base["goodput_bps"]["mean"], per["goodput_bps"])
+                                     for _, per in items]),
+            "srtt_p95": mean_ci95([harm.harm_less_is_better(base["srtt_p95_ms"]["mean"], per["srtt_ms"]["p95"])
+                                   for _, per in items]),
+            "retransmit_ratio": mean_ci95([harm.harm_less_is_better(base["retransmit_ratio"]["mean"],
+                                                                    per["retransmit_ratio"]) for _, per in items]),
+            "solo_runs": base["runs"]}
 
 
 def _download_summary(downloads: list[dict]) -> dict:

@@ -85,6 +85,10 @@ _ROW = {"type": "object",
                        "goodput_bps": _CI, "srtt_mean_ms": _CI, "srtt_median_ms": _CI, "srtt_p95_ms": _CI,
                        "ping_median_ms": _CI, "ping_p95_ms": _CI, "retransmit_ratio": _CI, "link_drop_ratio": _CI,
                        "jain": _CI, "algorithm_ok": {"type": "boolean"},
+                       # competing sets only: the share, and harm against the same algorithm run alone (if run)
+                       "share": _CI, "harm": {"type": "object", "properties": {
+                           "throughput": _CI, "srtt_p95": _CI, "retransmit_ratio": _CI,
+                           "solo_runs": {"type": "integer"}}},
                        "downloads": {"type": "object", "required": ["total", "complete", "by_size"],
                                      "properties": {"total": {"type": "integer"}, "complete": {"type": "integer"},
                                                     "by_size": {"type": "object", "additionalProperties": {
