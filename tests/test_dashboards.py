@@ -177,7 +177,7 @@ class ScenarioExporter:
         from ccscope.exporter import FlowCollector
         from ccscope.flows import FlowFilter, FlowSelection, FlowTable
         from ccscope.loader import TelemetryProbe
-        from ccscope.server import MetricsServer
+        from ccscope.metrics_endpoint import MetricsServer
         from prometheus_client import CollectorRegistry
 
         self.netns = netns

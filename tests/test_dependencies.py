@@ -55,7 +55,7 @@ LAYERS = (
     {"ccscope", "errors", "units", "safe_input", "hosttools", "libbpf", "bpf_types", "exposition", "flowscan",
      "linewriter"},
     {"host"},
-    {"cc", "attribution", "flows", "loader", "exporter", "server", "web", "live"},
+    {"cc", "attribution", "flows", "loader", "exporter", "metrics_endpoint", "web", "live"},
     {"emulation"},
     {"scenario", "serve"},  # serve: the far end of a real-path scenario
     {"cli", "check"},

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import bcrypt
 import pytest
-from ccscope.web.server import Limits
+from ccscope.web.http import Limits
 from hostile import DripFlood, serial_scrapes
 from nethelpers import daemon, wait_for
 from prereqs import require_bpf_object, require_root, require_tools
@@ -228,7 +228,7 @@ def connect_from(source: str, port: int) -> socket.socket:
 def test_a_full_table_displaces_a_waiting_connection_never_a_busy_one() -> None:
     """At the connection limit a newcomer takes the slot of a connection that waits (here idle): from the address
     with the most connections, the one waiting longest. Only when every slot is answering a request: a 503."""
-    from ccscope.web.server import HttpServer, Response, Route
+    from ccscope.web.http import HttpServer, Response, Route
 
     entered, release = threading.Semaphore(0), threading.Event()
 
@@ -384,7 +384,7 @@ def test_a_pages_last_events_reach_it_when_the_scenario_closes_at_once() -> None
     page's event stream names Cache-Control once."""
     from ccscope.live.app import LiveApp, table_rows
     from ccscope.live.hub import Hub
-    from ccscope.server import MetricsServer
+    from ccscope.metrics_endpoint import MetricsServer
     from prometheus_client import CollectorRegistry
 
     hub = Hub(mode="scenario", table_rows=table_rows)
@@ -413,7 +413,7 @@ def test_a_pages_last_events_reach_it_when_the_scenario_closes_at_once() -> None
 
 def test_streams_have_their_own_limit_and_end_on_close() -> None:
     """Long-lived responses take stream slots, never the ones scrapes need; close() ends them promptly."""
-    from ccscope.web.server import HttpServer, Response, Route, Stream
+    from ccscope.web.http import HttpServer, Response, Route, Stream
 
     def events(request):
         def chunks():

@@ -18,7 +18,7 @@ from ccscope.exporter import FlowCollector
 from ccscope.exposition import render_openmetrics, render_text
 from ccscope.flows import FlowSelection, FlowTable
 from ccscope.loader import ProbeOptions, TelemetryProbe
-from ccscope.server import SharedCollection
+from ccscope.metrics_endpoint import SharedCollection
 from nethelpers import free_port, wait_for
 from prereqs import require_bpf_object, require_root
 from prometheus_client import exposition

@@ -37,7 +37,7 @@ from ccscope.live import vendor
 from ccscope.live.app import EventStream, LiveApp, table_rows, table_source
 from ccscope.live.hub import Hub, TableSource, TooManyClients
 from ccscope.loader import ProbeOptions, TelemetryProbe
-from ccscope.server import MetricsServer
+from ccscope.metrics_endpoint import MetricsServer
 from cgrouphelpers import Tree, cgroup_tree, kubepods_systemd, pod_logs
 from livehelpers import artifacts_dir, chromium, console_errors, require_browser, screenshot, wait_js
 from nethelpers import Link, Sink, connect, free_port, parse_metrics, run, wait_for, wait_port

@@ -39,14 +39,14 @@ from .flows import (
 from .linewriter import MAX_QUEUED_BYTES, LineWriter
 from .live.app import LiveApp, table_rows, table_source
 from .live.feed import SampleFeed
+from .live.health import LiveCollector
 from .live.hub import MAX_CLIENTS as MAX_PAGES
 from .live.hub import Hub
-from .live.metrics import LiveCollector
 from .loader import ProbeOptions, TelemetryProbe
-from .server import MetricsServer
+from .metrics_endpoint import MetricsServer
 from .units import DEFAULT_LISTEN, parse_duration, parse_listen
 from .web import config as webconfig
-from .web.server import Authenticator, Limits
+from .web.http import Authenticator, Limits
 
 MAX_LIMIT = 1_000_000  # rows of `flows`; more than any flow map holds
 SORT_KEYS: dict[str, Callable[[FlowRecord], float]] = {

@@ -20,7 +20,7 @@ from pathlib import Path
 from ccscope.attribution import Attributor
 from ccscope.errors import PrerequisiteError
 from ccscope.flows import FLOW_COLUMNS, UNKNOWN, FlowFilter, FlowRecord, attribution_columns, decode
-from ccscope.web.server import HttpServer, Request, Response, Route, Stream, text_response
+from ccscope.web.http import HttpServer, Request, Response, Route, Stream, text_response
 
 from . import vendor
 from .hub import Hub, TooManyClients, event

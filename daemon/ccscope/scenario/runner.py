@@ -24,13 +24,13 @@ from ccscope.flows import FlowFilter, FlowSelection, FlowTable
 from ccscope.host import state
 from ccscope.hosttools import SCENARIO_TOOLS, need
 from ccscope.live.app import LiveApp, table_rows, table_source
+from ccscope.live.health import LiveCollector
 from ccscope.live.hub import MAX_CLIENTS as MAX_PAGES
 from ccscope.live.hub import Hub
-from ccscope.live.metrics import LiveCollector
 from ccscope.loader import ProbeOptions, TelemetryProbe, preflight
-from ccscope.server import MetricsServer
+from ccscope.metrics_endpoint import MetricsServer
 from ccscope.units import parse_listen
-from ccscope.web.server import Limits
+from ccscope.web.http import Limits
 
 from . import analysis, linkmeter, realrun, results
 from .environment import namespace_sysctls, now_iso

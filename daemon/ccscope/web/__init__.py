@@ -1,1 +1,2 @@
-"""The daemon's HTTP endpoint: a hardened server with a route table (server.py) and its credentials (config.py)."""
+"""The daemon's HTTP endpoint: a hardened HTTP/1.1 server with a route table (http.py), and its credentials
+(config.py)."""

@@ -27,7 +27,7 @@ import bcrypt
 
 from .. import safe_input
 from ..errors import UsageError
-from .server import Authenticator
+from .http import Authenticator
 
 FLAG = "--web.config.file"
 BCRYPT_HASH = re.compile(r"^\$2[aby]\$\d\d\$[./A-Za-z0-9]{53}$")

@@ -15,7 +15,7 @@ from prometheus_client.registry import Collector
 
 from . import __version__
 from .exposition import fast_encoder
-from .web.server import Authenticator, HttpServer, Limits, Request, Response, Route
+from .web.http import Authenticator, HttpServer, Limits, Request, Response, Route
 
 LANDING = """<!doctype html>
 <html><head><meta charset="utf-8"><title>ccscope</title></head>
