@@ -49,6 +49,13 @@ STREAM_SNDBUF = 32 * 1024  # bytes; the kernel doubles it
 # ones each started another collection. At 0.5 ms they all arrive within one collection and share the next;
 # the extra switches cost the CPU-bound thread well under 1 %.
 GIL_SWITCH_INTERVAL_S = 0.0005
+
+
+def serve_promptly() -> None:
+    """Sets the process-wide GIL switch interval to GIL_SWITCH_INTERVAL_S (never raises a lower one): for a
+    process whose threads are mostly this server's, as the daemon's are. The owner of the process decides."""
+    sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_INTERVAL_S))
+
 # close() lets streams write what their source still has queued for this long before it shuts them down: a
 # scenario's last event (the report link) is queued a moment before the process closes its server and exits.
 STREAM_DRAIN_S = 1.0
@@ -161,8 +168,6 @@ class HttpServer:
         self._workers = ThreadPoolExecutor(max_workers=self.limits.max_connections, thread_name_prefix="http-conn")
         self.refused_total = 0    # turned away with a 503: every slot was busy answering
         self.displaced_total = 0  # waiting connections closed to make room for a new one
-        # process-wide, but this server is what the daemon's threads are for; never raised if already lower
-        sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_INTERVAL_S))
         self.listener = _listen(host, port)
         self.port = self.listener.getsockname()[1]
         self._acceptor = threading.Thread(target=self._accept_loop, name="http-accept", daemon=True)
