@@ -37,10 +37,8 @@ from .flows import (
     with_derived,
 )
 from .linewriter import MAX_QUEUED_BYTES, LineWriter
-from .live.app import LiveApp, table_rows, table_source
+from .live.app import LiveApp, serve_page, table_rows, table_source
 from .live.feed import SampleFeed
-from .live.health import LiveCollector
-from .live.hub import MAX_CLIENTS as MAX_PAGES
 from .live.hub import Hub
 from .loader import ProbeOptions, TelemetryProbe
 from .metrics_endpoint import MetricsServer
@@ -196,17 +194,13 @@ def cmd_daemon(args: argparse.Namespace) -> int:
             live = _live_page(probe, flow_filter, options.sample_interval_ns, page_attributor,
                               own_attributor=attributor is None, grace_s=grace)
         try:
-            if live:
-                registry.register(LiveCollector(live[0].hub))
-            # every live page holds one stream: as many stream slots as the hub admits pages
-            limits = Limits(max_connections=args.max_connections,
-                            max_streams=MAX_PAGES if live else Limits.max_streams)
-            server = MetricsServer(registry, host, port, tls=tls, auth=auth, limits=limits, extra_headers=headers)
+            limits = Limits(max_connections=args.max_connections)
+            server = serve_page(live[0], registry, host, port, limits=limits, tls=tls, auth=auth,
+                                extra_headers=headers) if live else \
+                MetricsServer(registry, host, port, tls=tls, auth=auth, limits=limits, extra_headers=headers)
         except BaseException:
             _close_live(live)
             raise
-        if live:
-            live[0].mount(server)
         scheme = "https" if tls else "http"
         page = f"live page {scheme}://{args.listen}/, " if live else ""
         print(f"ccscope {__version__}: serving {page}{scheme}://{args.listen}/metrics "

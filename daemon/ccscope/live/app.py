@@ -10,6 +10,7 @@ GET /report/F    a scenario's report.html and plots, once written
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import mimetypes
 import re
@@ -17,13 +18,17 @@ from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 
+from prometheus_client import CollectorRegistry
+
 from ccscope.attribution import Attributor
 from ccscope.errors import PrerequisiteError
 from ccscope.flows import FLOW_COLUMNS, UNKNOWN, FlowFilter, FlowRecord, attribution_columns, decode
-from ccscope.web.http import HttpServer, Request, Response, Route, Stream, text_response
+from ccscope.metrics_endpoint import MetricsServer
+from ccscope.web.http import HttpServer, Limits, Request, Response, Route, Stream, text_response
 
 from . import vendor
-from .hub import Hub, TooManyClients, event
+from .health import LiveCollector
+from .hub import MAX_CLIENTS, Hub, TooManyClients, event
 
 TABLE_ROWS = 500
 KEEPALIVE_S = 15.0  # an idle stream still writes, so a vanished client is noticed and its slot freed
@@ -158,6 +163,17 @@ class LiveApp:
         except TooManyClients as exc:
             return text_response(503, str(exc), [("Retry-After", "10")])
         return Stream(stream, "text/event-stream", list(stream.headers))
+
+
+def serve_page(app: LiveApp, registry: CollectorRegistry, host: str, port: int, *, limits: Limits,
+               **server_options) -> MetricsServer:
+    """/metrics and the live page on one listener, as the daemon and a scenario both serve them: the page's
+    health on /metrics, one stream slot for every page the hub admits, the page's routes."""
+    server = MetricsServer(registry, host, port, limits=dataclasses.replace(limits, max_streams=MAX_CLIENTS),
+                           **server_options)
+    registry.register(LiveCollector(app.hub))
+    app.mount(server)
+    return server
 
 
 _BYE = event("bye", {})

@@ -23,12 +23,9 @@ from ccscope.exporter import FlowCollector
 from ccscope.flows import FlowFilter, FlowSelection, FlowTable
 from ccscope.host import state
 from ccscope.hosttools import SCENARIO_TOOLS, need
-from ccscope.live.app import LiveApp, table_rows, table_source
-from ccscope.live.health import LiveCollector
-from ccscope.live.hub import MAX_CLIENTS as MAX_PAGES
+from ccscope.live.app import LiveApp, serve_page, table_rows, table_source
 from ccscope.live.hub import Hub
 from ccscope.loader import ProbeOptions, TelemetryProbe, preflight
-from ccscope.metrics_endpoint import MetricsServer
 from ccscope.units import parse_listen
 from ccscope.web.http import Limits
 
@@ -337,20 +334,17 @@ def _endpoint(options: Options) -> Iterator[Endpoint | None]:
     hub = Hub(mode="scenario", table_rows=table_rows)
     try:
         endpoint = Endpoint(registry, LiveApp(hub), hub)
-        registry.register(LiveCollector(hub))
-        limits = Limits(max_streams=MAX_PAGES)  # every live page holds one stream
         try:
-            server = MetricsServer(registry, host, port, limits=limits)
+            server = serve_page(endpoint.app, registry, host, port, limits=Limits())
         except PrerequisiteError as exc:
             if options.listen_explicit:
                 raise
             # the default port is taken (a `ccscope daemon` on this host, say): any free port will do
             print(f"ccscope: {exc.line()}; the live page takes a free port instead", file=sys.stderr)
-            server = MetricsServer(registry, host, 0, limits=limits)
+            server = serve_page(endpoint.app, registry, host, 0, limits=Limits())
     except BaseException:
         hub.close()
         raise
-    endpoint.app.mount(server)
     where = f"[{host}]:{server.port}" if ":" in host else f"{host}:{server.port}"
     print(f"ccscope: live page http://{where}/ (Prometheus: http://{where}/metrics)", file=sys.stderr, flush=True)
     try:
