@@ -34,12 +34,11 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "daemon"))
+from ccscope.cc import provided, registry
+from ccscope.emulation import PathProfile, Testbed
+from ccscope.libbpf import Libbpf
 
-from ccscope.cc import provided, registry  # noqa: E402
-from ccscope.emulation import PathProfile, Testbed  # noqa: E402
-from ccscope.libbpf import Libbpf  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 RESULTS = ROOT / "bench" / "results" / "cc.md"
 ALGORITHMS = ("bpf_reno", "bpf_vegas", "bpf_westwood", "bpf_copa")

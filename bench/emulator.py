@@ -26,10 +26,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "daemon"))
+from ccscope.emulation import PathProfile, Testbed, probe_backends
 
-from ccscope.emulation import PathProfile, Testbed, probe_backends  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 GOODPUT_PER_WIRE = 1448 / 1514  # TCP payload per full frame with timestamps
 HELD = 0.95

@@ -36,9 +36,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from hostile import DripFlood, serial_scrapes
-from nethelpers import ROOT, daemon
+from ccscope_testkit.hostile import DripFlood, serial_scrapes
+from ccscope_testkit.net import ROOT, daemon
 from telemetry import Row, conditions
 
 RESULTS = ROOT / "bench" / "results" / "endpoint.md"

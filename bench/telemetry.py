@@ -30,10 +30,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from ccscope.scenario.analysis import mean_ci95
-from cgrouphelpers import cgroup_tree, kubepods_systemd, pod_logs
-from nethelpers import CCSCOPE, ROOT, daemon, held_prog_ids, netns, netns_inode, stop_process
+from ccscope_testkit.cgroups import cgroup_tree, kubepods_systemd, pod_logs
+from ccscope_testkit.net import CCSCOPE, ROOT, daemon, held_prog_ids, netns, netns_inode, stop_process
 
 RESULTS = ROOT / "bench" / "results" / "telemetry.md"
 STATUS = {True: "met", False: "MISSED", None: "undecided"}

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from prereqs import require, require_root
+from ccscope_testkit.prereqs import require, require_root
 
 AVAILABLE = Path("/proc/sys/net/ipv4/tcp_available_congestion_control")
 

@@ -1,11 +1,11 @@
-"""Fixtures shared by the tests. The prerequisite policy lives in tests/prereqs.py."""
+"""Fixtures shared by the tests. The prerequisite policy lives in ccscope_testkit.prereqs (testkit/)."""
 
 from __future__ import annotations
 
 import sys
 
 import pytest
-from prereqs import SLOW_MODULES
+from ccscope_testkit.prereqs import SLOW_MODULES
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

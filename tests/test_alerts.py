@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 
 import yaml
-from prereqs import ROOT, require_tools
+from ccscope_testkit.prereqs import ROOT, require_tools
 
 PROM = ROOT / "deploy" / "prometheus"
 RULE_FILES = sorted((PROM / "rules").glob("*.yml"))

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from ccscope.attribution import RULES, CgroupResolver, cgroup2_mount, parse_workload, truncate
 from ccscope.exporter import FLOW_LABELS, FLOW_METRICS
-from cgrouphelpers import Tree, cgroup_tree, kubepods_systemd, pod_logs
-from nethelpers import cli, daemon, free_port, parse_metrics, values, wait_for
-from prereqs import require_bpf_object, require_root
+from ccscope_testkit.cgroups import Tree, cgroup_tree, kubepods_systemd, pod_logs
+from ccscope_testkit.net import cli, daemon, free_port, parse_metrics, values, wait_for
+from ccscope_testkit.prereqs import require_bpf_object, require_root
 
 FLOW_SERIES = "ccscope_flow_bytes_sent_total"
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from cchelpers import flow_rows, flows_by_algorithm, queueing_delays_ms, require_cc_objects, run_scenario
-from prereqs import require_tools
+from ccscope_testkit.prereqs import require_tools
 
 RATE_BPS = 12e6
 PHASE_S = 3.0  # the rate-step trace: 12 Mbit/s, then 4 Mbit/s, this long each

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from ccscope import check
 from ccscope.errors import BpfError, PrerequisiteError, UsageError
-from prereqs import require, require_bpf_object, require_root, require_tools
+from ccscope_testkit.prereqs import require, require_bpf_object, require_root, require_tools
 
 USAGE, PREREQ, BPF = UsageError.exit_code, PrerequisiteError.exit_code, BpfError.exit_code
 

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cgrouphelpers import Tree, cgroup_tree, kubepods_systemd, pod_logs
-from nethelpers import free_port, stop_process
-from prereqs import ROOT, require, require_bpf_object, require_root, require_tools
+from ccscope_testkit.cgroups import Tree, cgroup_tree, kubepods_systemd, pod_logs
+from ccscope_testkit.net import free_port, stop_process
+from ccscope_testkit.prereqs import ROOT, require, require_bpf_object, require_root, require_tools
 
 DASHBOARDS = ROOT / "dashboards"
 RULES = sorted((ROOT / "deploy" / "prometheus" / "rules").glob("*.yml"))

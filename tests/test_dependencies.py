@@ -8,7 +8,7 @@ import subprocess
 import sys
 import tomllib
 
-from prereqs import ROOT, SLOW_MODULES
+from ccscope_testkit.prereqs import ROOT, SLOW_MODULES
 
 _FLOOR = re.compile(r"^([A-Za-z0-9_.-]+)\s*>=\s*([0-9][0-9A-Za-z.]*)")
 

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import yaml
 from ccscope import cli, loader
-from nethelpers import stop_process
-from prereqs import ROOT, require, require_bpf_object, require_root, require_tools
+from ccscope_testkit.net import stop_process
+from ccscope_testkit.prereqs import ROOT, require, require_bpf_object, require_root, require_tools
 
 DEPLOY = ROOT / "deploy"
 COMPOSE = DEPLOY / "compose"

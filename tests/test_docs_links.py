@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from prereqs import ROOT
+from ccscope_testkit.prereqs import ROOT
 
 MD_LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 DOCS_PATH = re.compile(r"(?<![\w/.-])(?:docs/[\w./-]*\w|README\.md)(?:#[\w-]+)?")  # README.md: the top one

@@ -22,8 +22,8 @@ from ccscope.emulation.profile import ETH_FRAME as FRAME
 from ccscope.emulation.profile import SHORT_FLOW_PORT
 from ccscope.host import state as emu_state
 from ccscope.host.state import cleanup_all
+from ccscope_testkit.prereqs import require, require_root, require_tools
 from emulation_helpers import HostSnapshot
-from prereqs import require, require_root, require_tools
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -20,9 +20,9 @@ from pathlib import Path
 import bcrypt
 import pytest
 from ccscope.web.http import Limits
-from hostile import DripFlood, serial_scrapes
-from nethelpers import daemon, wait_for
-from prereqs import require_bpf_object, require_root, require_tools
+from ccscope_testkit.hostile import DripFlood, serial_scrapes
+from ccscope_testkit.net import daemon, wait_for
+from ccscope_testkit.prereqs import require_bpf_object, require_root, require_tools
 
 SCRAPE_TIMEOUT_S = 10.0  # Prometheus's default scrape_timeout: a scrape slower than this is a failed scrape
 # The server closes a connection that has not sent a complete request head (or TLS handshake) by then.

@@ -19,8 +19,8 @@ from ccscope.exposition import render_openmetrics, render_text
 from ccscope.flows import FlowSelection, FlowTable
 from ccscope.loader import ProbeOptions, TelemetryProbe
 from ccscope.metrics_endpoint import SharedCollection
-from nethelpers import free_port, wait_for
-from prereqs import require_bpf_object, require_root
+from ccscope_testkit.net import free_port, wait_for
+from ccscope_testkit.prereqs import require_bpf_object, require_root
 from prometheus_client import exposition
 from prometheus_client.core import (
     CounterMetricFamily,

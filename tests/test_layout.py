@@ -11,7 +11,7 @@ from ccscope import bpf_types as bt
 from ccscope.errors import BpfError
 from ccscope.libbpf import Libbpf
 from ccscope.loader import TelemetryProbe, object_path
-from prereqs import ROOT, require_bpf_object, require_root, require_tools
+from ccscope_testkit.prereqs import ROOT, require_bpf_object, require_root, require_tools
 
 _TYPE = re.compile(r"^\[(\d+)\] (\w+) '([^']*)'(.*)$")
 _MEMBER = re.compile(r"^\s+'([^']*)' type_id=(\d+) bits_offset=(\d+)(?: bitfield_size=(\d+))?$")

@@ -38,10 +38,10 @@ from ccscope.live.app import EventStream, LiveApp, table_rows, table_source
 from ccscope.live.hub import Hub, TableSource, TooManyClients
 from ccscope.loader import ProbeOptions, TelemetryProbe
 from ccscope.metrics_endpoint import MetricsServer
-from cgrouphelpers import Tree, cgroup_tree, kubepods_systemd, pod_logs
+from ccscope_testkit.cgroups import Tree, cgroup_tree, kubepods_systemd, pod_logs
+from ccscope_testkit.net import Link, Sink, connect, free_port, parse_metrics, run, wait_for, wait_port
+from ccscope_testkit.prereqs import ROOT, require, require_bpf_object, require_root, require_tools
 from livehelpers import artifacts_dir, chromium, console_errors, require_browser, screenshot, wait_js
-from nethelpers import Link, Sink, connect, free_port, parse_metrics, run, wait_for, wait_port
-from prereqs import ROOT, require, require_bpf_object, require_root, require_tools
 from prometheus_client import CollectorRegistry
 
 USER, PASSWORD = "viewer", "s3cret-live"

@@ -18,8 +18,8 @@ import pytest
 from ccscope.emulation import PathProfile, Testbed, pathcheck
 from ccscope.emulation.backends import DELAYLINE, tbf_params
 from ccscope.scenario import spec
+from ccscope_testkit.prereqs import require, require_root, require_tools
 from emulation_helpers import left_by
-from prereqs import require, require_root, require_tools
 
 
 def profile(**data) -> PathProfile:

@@ -27,7 +27,7 @@ import pytest
 from ccscope.emulation import backends
 from ccscope.emulation.netns import iproute_in
 from ccscope.emulation.profile import LinkProfile
-from prereqs import ROOT, require_bpf_object, require_root, require_tools
+from ccscope_testkit.prereqs import ROOT, require_bpf_object, require_root, require_tools
 
 TARGET = "198.51.100.100"
 SERVE_PORTS = (5201, 5216)

@@ -13,7 +13,7 @@ import pytest
 from ccscope.errors import UsageError
 from ccscope.scenario import report, results
 from ccscope.scenario.recorder import CSV_HEADER
-from prereqs import ROOT
+from ccscope_testkit.prereqs import ROOT
 
 FIXTURE = ROOT / "tests" / "data" / "results-fixture"
 PLOTS = ["cwnd.png", "downloads.png", "loss.png", "rtt.png", "throughput.png", "tradeoff.png"]

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 from ccscope.host import algorithms, state
-from prereqs import require, require_root
+from ccscope_testkit.prereqs import require, require_root
 
 
 def _run_owned_by(proc: subprocess.Popen, run_id: str) -> state.RunState:

@@ -24,9 +24,9 @@ import pytest
 from ccscope.emulation import PathProfile, Testbed
 from ccscope.host import state
 from ccscope.scenario import results, store
+from ccscope_testkit.net import held_prog_ids
+from ccscope_testkit.prereqs import require_scenario
 from emulation_helpers import HostSnapshot
-from nethelpers import held_prog_ids
-from prereqs import require_scenario
 
 SCENARIO = """
 name: faults

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 from ccscope.scenario import results, spec
+from ccscope_testkit.prereqs import require_bpf_object, require_root, require_tools
 from emulation_helpers import HostSnapshot
-from prereqs import require_bpf_object, require_root, require_tools
 
 PIPE_CAPACITY = 65536  # Linux default; the iperf3 report of a 20 s flow is larger
 

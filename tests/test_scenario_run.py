@@ -18,9 +18,9 @@ from ccscope.cc.provide import kernel_algorithms
 from ccscope.host import state
 from ccscope.scenario import results
 from ccscope.scenario.recorder import CSV_HEADER
+from ccscope_testkit.net import free_port
+from ccscope_testkit.prereqs import require_bpf_object, require_root, require_tools
 from emulation_helpers import HostSnapshot
-from nethelpers import free_port
-from prereqs import require_bpf_object, require_root, require_tools
 
 
 @pytest.fixture(autouse=True)

@@ -12,8 +12,8 @@ import pytest
 import yaml
 from ccscope.errors import UsageError
 from ccscope.scenario import spec
+from ccscope_testkit.prereqs import require, require_root
 from emulation_helpers import foreign_live_namespaces, left_by
-from prereqs import require, require_root
 
 GOOD = {
     "algorithms": ["cubic"],

@@ -22,7 +22,7 @@ import pytest
 from ccscope import bpf_types as bt
 from ccscope.exporter import FlowCollector
 from ccscope.flows import FlowSelection, FlowTable
-from nethelpers import (
+from ccscope_testkit.net import (
     Daemon,
     Link,
     Sink,
@@ -36,7 +36,7 @@ from nethelpers import (
     wait_for,
     wait_port,
 )
-from prereqs import require_bpf_object, require_root, require_tools
+from ccscope_testkit.prereqs import require_bpf_object, require_root, require_tools
 
 SO_COOKIE = 57
 CCS = ("reno", "cubic", "bbr")
@@ -359,7 +359,7 @@ def test_top_n_of_500_connections(link: Link) -> None:
     listener = None
     try:
         with daemon("--flows", "top:20", "--max-flows", "8192") as running:
-            from nethelpers import in_netns
+            from ccscope_testkit.net import in_netns
 
             with in_netns(link.a):
                 listener = socket.socket()
@@ -405,7 +405,7 @@ def _tcp_opens(netns: str) -> int:
 def test_flows_started_counts_each_flow_once(link: Link) -> None:
     """Many more sockets than --max-flows: the LRU map evicts flows and re-inserts them as they come back, and
     each socket must still count once in ccscope_tcp_flows_started_total (it counted once per re-insert)."""
-    from nethelpers import connect, in_netns
+    from ccscope_testkit.net import connect, in_netns
 
     port, connections, rounds, cc = 5391, 300, 4, "reno"
     clients, servers = [], []

@@ -24,8 +24,7 @@ import time
 import traceback
 from collections.abc import Callable
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from nethelpers import in_netns, tcp_info  # the tests' helpers (standard library only)
+from ccscope_testkit.net import in_netns, tcp_info  # the tests' helpers (standard library only)
 
 # --- small helpers -------------------------------------------------------------------------------------------
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 
-from prereqs import ROOT, require  # tests/ is on sys.path (its conftest's folder)
+from ccscope_testkit.prereqs import ROOT, require
 
 __all__ = ["LAB", "PYTHON", "ROOT", "lab", "require"]
 

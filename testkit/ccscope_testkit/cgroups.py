@@ -14,8 +14,9 @@ from pathlib import Path
 
 from ccscope.attribution import cgroup2_mount
 from ccscope.errors import PrerequisiteError
-from nethelpers import wait_for
-from prereqs import require
+
+from ccscope_testkit.net import wait_for
+from ccscope_testkit.prereqs import require
 
 WORKER = Path(__file__).with_name("cgroup_worker.py")
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: testkit/ccscope_testkit/
 # Modules that take minutes (seconds in a full run on 2 cores, from pytest --durations, 2026-11-24): conftest.py
 # marks them `slow`, so `tools/run-tests --fast` (-m "not slow and not stock_kernel") runs the rest in ~4 minutes.
 SLOW_MODULES = {"test_scenario_full": 484, "test_scenario_run": 128, "test_cc_claims": 124, "test_live": 73}
