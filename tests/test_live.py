@@ -189,6 +189,26 @@ def test_daemon_page_charts_a_live_iperf3_flow(link: Link, tmp_path: Path) -> No
                 proc.wait()
 
 
+def test_the_page_never_charts_its_own_stream_as_a_busy_flow(tmp_path: Path) -> None:
+    """A hostile probe's finding: on a host with no other busy flow, the "busiest flows" the page charted were
+    its own event stream to the daemon. That connection still shows in the table, marked as the page's own."""
+    _live_prerequisites()
+    port = free_port()
+    with _process(_cli("daemon", "--listen", f"127.0.0.1:{port}"), "serving"), chromium() as driver:
+        driver.get(f"http://127.0.0.1:{port}/")
+        own = wait_js(driver, f"""(() => {{
+            const s = window.ccscopeLive;
+            const id = Object.keys(s.flows).find((k) => [s.flows[k].info.sport, s.flows[k].info.dport]
+                .includes({port}) && s.flows[k].received > 0);
+            return id && s.flows[id].info.own ? id : null; }})()""", timeout=20)
+        assert own, driver.execute_script("return window.ccscopeLive.flows;")
+        seen = driver.execute_script("return window.ccscopeLive.messages;")  # five pushes later: not charted
+        assert wait_js(driver, f"window.ccscopeLive.messages >= {seen + 5}", timeout=10)
+        charted = driver.execute_script("return window.ccscopeLive.charted;")
+        assert own not in charted, charted
+        assert console_errors(driver) == []
+
+
 def test_daemon_page_names_the_bpf_algorithm_the_process_and_the_pod(link: Link, tmp_path: Path) -> None:
     """A Vegas iperf3 flow from a process in a pod's container cgroup (named as kubelet and containerd name them):
     the page's legends and table say `vegas (BPF)` where ccscope's program runs it, and the table names the

@@ -173,6 +173,7 @@ def serve_page(app: LiveApp, registry: CollectorRegistry, host: str, port: int, 
                            **server_options)
     registry.register(LiveCollector(app.hub))
     app.mount(server)
+    app.hub.serving_on(server.port)
     return server
 
 

@@ -16,6 +16,7 @@ import dataclasses
 import itertools
 import json
 import operator
+import os
 import re
 import struct
 import sys
@@ -204,6 +205,7 @@ class Hub:
         cc_names(), asked every CC_NAMES_INTERVAL_S while a page is open, how to name algorithms (set_cc_names()
         sets them once instead)."""
         self.flow_filter = flow_filter or FlowFilter()
+        self.own_listeners: set[tuple[int, int]] = set()  # (netns inode, port) of the page's own listener
         self.mode = mode
         self.table_source = table_source  # replace it with set_table_source() while the hub runs
         self._reading = threading.Lock()  # held while table_source() reads the probe
@@ -299,13 +301,19 @@ class Hub:
             if oldest.closed is None and now_ns - oldest.last_ns < IDLE_NS:
                 return None
             del self._rings[oldest.cookie]
+        own = (flow.netns, flow.sport) in self.own_listeners or (flow.netns, flow.dport) in self.own_listeners
         ring = FlowRing(flow.cookie, {"id": str(flow.cookie), "flow": flow.name, "netns": flow.netns,
                                       "cc": self.cc_name(flow.cc), "sport": flow.sport, "dport": flow.dport,
-                                      "run": self._run_label})
+                                      "run": self._run_label, "own": own})
         self._rings[flow.cookie] = ring
         if self._run_label is not None:
             self._run_cookies.append(flow.cookie)
         return ring
+
+    def serving_on(self, port: int) -> None:
+        """The page's own listener: the connections to it (the pages' streams, in this network namespace) are
+        marked `own`, and the page does not pick them as the busiest flows to chart."""
+        self.own_listeners.add((os.stat("/proc/self/ns/net").st_ino, port))
 
     # --- scenario ------------------------------------------------------------------------------------
 

@@ -111,7 +111,9 @@
     const picked = [...state.selected].filter((id) => state.flows[id]);
     if (picked.length) return picked.slice(0, MAX_CHARTED);
     const bytes = (id) => state.flows[id].info.bytes || 0;
-    return ids.filter((id) => !state.flows[id].info.closed).sort((a, b) => bytes(b) - bytes(a)).slice(0, AUTO_FLOWS);
+    // never the pages' own streams to this daemon (info.own): they are busy only because a page is open
+    const candidates = ids.filter((id) => !state.flows[id].info.closed && !state.flows[id].info.own);
+    return candidates.sort((a, b) => bytes(b) - bytes(a)).slice(0, AUTO_FLOWS);
   }
 
   function renderCharts() {
