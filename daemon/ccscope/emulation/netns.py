@@ -31,6 +31,27 @@ def ns_argv(ns: str, argv: list[str]) -> list[str]:
 
 def iproute_in(ns: str, fn: Callable[[IPRoute], T]) -> T:
     """Runs fn(ipr) with an IPRoute bound to namespace `ns`; returns its result or raises its error."""
+    def run() -> T:
+        with IPRoute() as ipr:
+            return fn(ipr)
+
+    return _in_namespace(ns, run)
+
+
+def open_in(ns: str, path: str) -> int:
+    """A read-only fd of `path` opened from inside namespace `ns`. A /proc/thread-self/net file stays bound
+    to the namespace it was opened in, so the fd reads that namespace's counters from any thread."""
+    def run() -> int:
+        try:
+            return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise CcscopeError(f"cannot open {path} in namespace {ns}: {exc.strerror}") from None
+
+    return _in_namespace(ns, run)
+
+
+def _in_namespace(ns: str, fn: Callable[[], T]) -> T:
+    """fn() in a short-lived thread that entered namespace `ns` (setns affects only the calling thread)."""
     box: dict = {}
 
     def worker() -> None:
@@ -47,41 +68,11 @@ def iproute_in(ns: str, fn: Callable[[IPRoute], T]) -> T:
         finally:
             os.close(fd)
         try:
-            with IPRoute() as ipr:
-                box["result"] = fn(ipr)
+            box["result"] = fn()
         except BaseException as exc:
             box["error"] = exc
 
     thread = threading.Thread(target=worker, name=f"netns-{ns}")
-    thread.start()
-    thread.join()
-    if "error" in box:
-        raise box["error"]
-    return box["result"]
-
-
-def open_in(ns: str, path: str) -> int:
-    """A read-only fd of `path` opened from inside namespace `ns`. A /proc/thread-self/net file stays bound
-    to the namespace it was opened in, so the fd reads that namespace's counters from any thread."""
-    box: dict = {}
-
-    def worker() -> None:
-        try:
-            nsfd = os.open(f"/run/netns/{ns}", os.O_RDONLY)
-        except OSError as exc:
-            box["error"] = CcscopeError(f"network namespace {ns} is gone: {exc.strerror}")
-            return
-        try:
-            if _libc.setns(nsfd, CLONE_NEWNET) != 0:
-                box["error"] = CcscopeError(f"cannot enter network namespace {ns}: {os.strerror(ctypes.get_errno())}")
-                return
-            box["result"] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as exc:
-            box["error"] = CcscopeError(f"cannot open {path} in namespace {ns}: {exc.strerror}")
-        finally:
-            os.close(nsfd)
-
-    thread = threading.Thread(target=worker, name=f"netns-open-{ns}")
     thread.start()
     thread.join()
     if "error" in box:

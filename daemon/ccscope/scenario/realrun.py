@@ -33,7 +33,7 @@ from ccscope.serve import protocol
 from . import analysis, results
 from .environment import now_iso
 from .realpath import RealPath, is_real, rtt_moved
-from .recorder import FlowSeries, Sample, csv_text
+from .recorder import FlowSeries, Sample, write_flow_csv, write_ping_csv
 from .spec import Scenario, mix_label
 from .traffic import BulkFlow, _parse_iperf, bulk_plan, parse_ping, planned_seconds
 
@@ -43,7 +43,6 @@ STALL_MS = 5000  # iperf3 --snd-timeout/--rcv-timeout: a path that carries nothi
 BUSY_BACKOFF_S = (1.0, 2.0, 4.0, 8.0)  # retries when a plain iperf3 server is busy with another test
 BUSY = "the server is busy"  # iperf3's error while its server runs another client's test
 IDLE_PINGS = 5
-THROUGHPUT_WINDOW_S = 0.2
 POLL_S = 0.05
 
 
@@ -430,14 +429,14 @@ def fill(record: dict, scenario: Scenario, unit, path: Resolved, traffic: RealTr
         if sender is not None:
             sender_series[entry["id"]] = sender
             srtt_by_algorithm.setdefault(flow.algorithm, []).extend(srtts)
-            entry["csv"] = _write_csv(out, f"{stem}_bulk{flow.index}.csv", sender, t0)
+            entry["csv"] = write_flow_csv(out, f"{stem}_bulk{flow.index}.csv", sender, t0)
             kernel = entry["algorithm_kernel"]
         else:
             # this host received: its socket's cwnd/srtt are not the algorithm's; iperf3 says what the
             # sender ran, and its report gives the goodput
             entry.update(goodput_bps=flow.iperf.get("goodput_bps"), algorithm_kernel=None, srtt_ms=analysis.summary([]))
             if mine is not None:
-                entry["receiver_csv"] = _write_csv(out, f"{stem}_bulk{flow.index}_receiver.csv", mine, t0)
+                entry["receiver_csv"] = write_flow_csv(out, f"{stem}_bulk{flow.index}_receiver.csv", mine, t0)
             kernel = None
             if flow.error is None and mine is None:
                 record["errors"].append(f"bulk{flow.index}: no telemetry for the flow (local port {flow.local_port})")
@@ -455,7 +454,7 @@ def fill(record: dict, scenario: Scenario, unit, path: Resolved, traffic: RealTr
         window_start = t0 + scenario.warmup_s
         rtts = [rtt * 1e3 for t, rtt in traffic.ping if t >= window_start]
         record["ping"] = {"sent": traffic.ping_sent, "received": len(traffic.ping), "rtt_ms": analysis.summary(rtts),
-                          "csv": _write_ping_csv(out, f"{stem}_ping.csv", traffic.ping, t0)}
+                          "csv": write_ping_csv(out, f"{stem}_ping.csv", traffic.ping, t0)}
     _common_window(record, t0, sender_series)
     record["per_algorithm"] = analysis.per_algorithm(record["flows"], srtt_by_algorithm, unit.mix, [])
 
@@ -476,17 +475,4 @@ def _common_window(record: dict, t0: float, sender_series: dict[str, FlowSeries]
     rates = [f["goodput_common_bps"] for f in record["flows"] if f["goodput_common_bps"] is not None]
     record["jain"] = analysis.jain(rates)
     record["goodput_bps"] = sum(rates) if rates else None
-
-
-def _write_csv(out: Path, name: str, series: FlowSeries, t0: float) -> str:
-    times = [s.t for s in series.samples]
-    tput = analysis.windowed_throughput(times, [s.bytes_acked for s in series.samples], THROUGHPUT_WINDOW_S)
-    (out / "flows" / name).write_text(csv_text(series.samples, t0, tput))
-    return f"flows/{name}"
-
-
-def _write_ping_csv(out: Path, name: str, ping: list[tuple[float, float]], t0: float) -> str:
-    lines = ["time_s,rtt_ms"] + [f"{t - t0:.4f},{rtt * 1e3:.3f}" for t, rtt in ping]
-    (out / "flows" / name).write_text("\n".join(lines) + "\n")
-    return f"flows/{name}"
 

@@ -7,8 +7,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from ccscope.flows import FlowRecord, decode
+
+from . import analysis
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +65,24 @@ CSV_COLUMNS: tuple[tuple[str, CsvGetter], ...] = (
     ("event", lambda s, t, bps: s.event),
 )
 CSV_HEADER = tuple(name for name, _ in CSV_COLUMNS)
+
+
+THROUGHPUT_WINDOW_S = 0.2  # flent samples throughput every 0.2 s
+
+
+def write_flow_csv(out: Path, name: str, series: FlowSeries, t0: float) -> str:
+    """flows/NAME in the results directory `out`: the series with its windowed throughput; the relative path."""
+    times = [s.t for s in series.samples]
+    tput = analysis.windowed_throughput(times, [s.bytes_acked for s in series.samples], THROUGHPUT_WINDOW_S)
+    (out / "flows" / name).write_text(csv_text(series.samples, t0, tput))
+    return f"flows/{name}"
+
+
+def write_ping_csv(out: Path, name: str, ping: list[tuple[float, float]], t0: float) -> str:
+    """flows/NAME: ping RTTs under load, time from the run's start; the relative path."""
+    lines = ["time_s,rtt_ms"] + [f"{t - t0:.4f},{rtt * 1e3:.3f}" for t, rtt in ping]
+    (out / "flows" / name).write_text("\n".join(lines) + "\n")
+    return f"flows/{name}"
 
 
 def csv_text(samples: list[Sample], t0: float, throughput_bps: list[float | None]) -> str:

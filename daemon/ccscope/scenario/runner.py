@@ -33,12 +33,10 @@ from . import analysis, linkmeter, realrun, results
 from .environment import namespace_sysctls, now_iso
 from .linkmeter import LinkMeter
 from .progress import Progress
-from .recorder import FlowSeries, Recorder, csv_text
+from .recorder import FlowSeries, Recorder, write_flow_csv, write_ping_csv
 from .spec import Scenario, mix_label
 from .store import Store, signals_held
 from .traffic import FETCH_PORT, BulkFlow, TrafficResult, planned_seconds, run_traffic
-
-THROUGHPUT_WINDOW_S = 0.2  # flent samples throughput every 0.2 s
 
 
 @dataclass
@@ -441,7 +439,7 @@ def _fill_run(record: dict, scenario: Scenario, unit: Unit, traffic: TrafficResu
             record["errors"].append(f"bulk{flow.index}: no telemetry for the flow (server port {flow.port}, "
                                     f"local port {flow.local_port})")
         else:
-            entry["csv"] = _write_csv(out, f"{stem}_bulk{flow.index}.csv", s, t0)
+            entry["csv"] = write_flow_csv(out, f"{stem}_bulk{flow.index}.csv", s, t0)
             bulk_end = max(bulk_end, s.samples[-1].t)
         _check_algorithm(record, entry, flow.algorithm)
         record["flows"].append(entry)
@@ -452,7 +450,7 @@ def _fill_run(record: dict, scenario: Scenario, unit: Unit, traffic: TrafficResu
                  "completion_time_s": d["completion_time_s"], "received_bytes": d["received_bytes"],
                  "start_s": round(d["start"] - t0, 3), "error": d["error"], "algorithm": unit.mix[0],
                  "algorithm_kernel": s.cc if s else None, "retransmits": s.samples[-1].retransmits if s else None,
-                 "csv": _write_csv(out, f"{stem}_download{i}.csv", s, t0) if s else None}
+                 "csv": write_flow_csv(out, f"{stem}_download{i}.csv", s, t0) if s else None}
         if s is not None and s.cc != unit.mix[0]:
             record["errors"].append(f"download{i}: requested {unit.mix[0]}, the kernel ran {s.cc}")
         record["downloads"].append(entry)
@@ -461,7 +459,7 @@ def _fill_run(record: dict, scenario: Scenario, unit: Unit, traffic: TrafficResu
         end = bulk_end if traffic.bulk else traffic.end_mono
         rtts = [rtt * 1e3 for t, rtt in traffic.ping if window_start <= t <= end]
         record["ping"] = {"sent": traffic.ping_sent, "received": len(traffic.ping), "rtt_ms": analysis.summary(rtts),
-                          "csv": _write_ping_csv(out, f"{stem}_ping.csv", traffic.ping, t0)}
+                          "csv": write_ping_csv(out, f"{stem}_ping.csv", traffic.ping, t0)}
     _common_window(record, t0, series_of, link_samples)
     record["per_algorithm"] = analysis.per_algorithm(record["flows"], srtt_by_algorithm, unit.mix,
                                                      record["downloads"])
@@ -521,17 +519,3 @@ def _check_algorithm(record: dict, entry: dict, requested: str) -> None:
     if not ok:
         record["errors"].append(f"{entry['id']}: requested {requested}, the kernel ran {kernel}, "
                                 f"iperf3 reports {iperf}")
-
-
-def _write_csv(out: Path, name: str, series: FlowSeries, t0: float) -> str:
-    times = [s.t for s in series.samples]
-    acked = [s.bytes_acked for s in series.samples]
-    tput = analysis.windowed_throughput(times, acked, THROUGHPUT_WINDOW_S)
-    (out / "flows" / name).write_text(csv_text(series.samples, t0, tput))
-    return f"flows/{name}"
-
-
-def _write_ping_csv(out: Path, name: str, ping: list[tuple[float, float]], t0: float) -> str:
-    lines = ["time_s,rtt_ms"] + [f"{t - t0:.4f},{rtt * 1e3:.3f}" for t, rtt in ping]
-    (out / "flows" / name).write_text("\n".join(lines) + "\n")
-    return f"flows/{name}"
