@@ -188,6 +188,7 @@ class Fit:
 MAX_UNCERTAINTY = 0.01
 EDGE_CHOICES = 10
 MAX_READ_GAP_S = 0.02  # the probe's own scheduling under load stays below this (see the module doc)
+STALL_FACTOR = 5  # ... and a stall is also this many times the probe's median gap between readings
 
 
 def saturated_rate(samples: list[Sample], window_s: float, bucket_s: float) -> Fit | None:
@@ -212,7 +213,11 @@ def saturated_rate(samples: list[Sample], window_s: float, bucket_s: float) -> F
 
 
 def _run_rate(run: list[Sample], bucket_s: float) -> Fit | None:
-    max_gap = max(MAX_READ_GAP_S, bucket_s)
+    # A stall is a pause far beyond the probe's own cadence: under qemu TCG (the stock-kernel lab) readings
+    # come every 10-30 ms and 40 ms gaps are ordinary, and cutting at each one split the window into so many
+    # stretches that their summed edge slack read "too busy" (±3 %) where the whole run measured the link.
+    cadence = statistics.median(b.t0 - a.t1 for a, b in itertools.pairwise(run)) if len(run) > 2 else 0.0
+    max_gap = max(MAX_READ_GAP_S, bucket_s, STALL_FACTOR * cadence)
     stretches: list[list[Sample]] = [run[:1]]
     resume_at, left_out = -math.inf, 0.0
     for prev, s in itertools.pairwise(run):
