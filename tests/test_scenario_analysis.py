@@ -103,3 +103,19 @@ def test_goodput_over_a_common_window_adds_up_to_the_link():
     assert analysis.common_window([(0.0, 1.0), (2.0, 3.0)]) == (0.0, 3.0)
     assert analysis.window_goodput([2.0, 3.0], [0, 1000], (0.0, 3.0)) * 3 / 8 == pytest.approx(1000)
     assert analysis.common_window([]) is None
+
+
+def test_a_reused_local_port_gives_the_data_connections_series() -> None:
+    """The path check's iperf3 control connection (184 bytes, closed just before the run) and the run's data
+    connection had the same local port; the run took the first series recorded, the wrong one."""
+    from ccscope.scenario.recorder import FlowSeries, Sample
+    from ccscope.scenario.runner import bulk_series
+    from ccscope.scenario.traffic import BulkFlow
+
+    def sample(t: float, acked: int, event: int = 1) -> Sample:
+        return Sample(t, 10, 0.04, 0, acked, acked, None, 0.04, 0, 0.0, "open", "cubic", event, 1448)
+
+    check = FlowSeries(1, "192.0.2.2", 56674, "198.51.100.2", 5731, [sample(9.9, 184, event=3)])
+    data = FlowSeries(2, "192.0.2.2", 56674, "198.51.100.2", 5201, [sample(10.0 + i, 400_000 * i) for i in range(20)])
+    flow = BulkFlow(index=0, algorithm="cubic", port=5201, start_offset_s=0.0, local_port=56674)
+    assert bulk_series(flow, {1: check, 2: data}) is data

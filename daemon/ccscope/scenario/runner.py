@@ -499,9 +499,11 @@ def bulk_series(flow: BulkFlow, series: dict[int, FlowSeries]) -> FlowSeries | N
     iperf3's report (a client that failed or was stopped) the data connection is the one that moved
     the most bytes. What the kernel measured is kept either way."""
     if flow.local_port is not None:
-        by_sport = [s for s in series.values() if s.sport == flow.local_port]
+        by_sport = [s for s in series.values() if s.sport == flow.local_port and s.samples]
         if by_sport:
-            return by_sport[0]
+            # A port can serve twice: the path check's iperf3 closed its control connection from the same local
+            # port 60 ms before a run's data connection took it (seen once: the run got that 184-byte series).
+            return max(by_sport, key=lambda s: (s.dport == flow.port, s.samples[-1].bytes_acked))
     to_server = [s for s in series.values() if s.dport == flow.port and s.samples]
     return max(to_server, key=lambda s: s.samples[-1].bytes_acked, default=None)
 
