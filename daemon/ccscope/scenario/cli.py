@@ -41,6 +41,9 @@ def register(sub) -> None:
     sc.add_argument("--resume", metavar="DIR",
                     help="finish an interrupted scenario: run only the runs missing from DIR, same seed and order "
                          "(give the same scenario and flags as the first time)")
+    sc.add_argument("--shard", metavar="K/N",
+                    help="run only shard K of N (from 0) of the seeded plan, for sweeps on many machines; env/N "
+                         "takes K from JOB_COMPLETION_INDEX or SLURM_ARRAY_TASK_ID; combine with `ccscope merge`")
     sc.add_argument("--cleanup-stale", action="store_true",
                     help="remove what killed runs left behind (as `ccscope cleanup` does) instead of refusing to start")
     sc.set_defaults(func=cmd_scenario)
@@ -48,6 +51,14 @@ def register(sub) -> None:
     rp = sub.add_parser("report", help="re-render report.html and plots from a results directory")
     rp.add_argument("directory", help="a directory written by `ccscope scenario`")
     rp.set_defaults(func=cmd_report)
+
+    mg = sub.add_parser("merge", help="combine the results directories of a sweep's shards into one",
+                        description="Combine the results directories of `ccscope scenario ... --shard K/N` runs "
+                                    "into one results.json, CSVs and report.html, as if one machine had run the "
+                                    "whole plan. Missing shards give a report marked incomplete.")
+    mg.add_argument("out", metavar="OUT", help="output directory (new or empty)")
+    mg.add_argument("directories", metavar="DIR", nargs="+", help="a shard's results directory")
+    mg.set_defaults(func=cmd_merge)
 
     cl = sub.add_parser("cleanup", help="remove namespaces, qdiscs, rules, sysctls and BPF congestion "
                                         "controls a killed run left behind")
@@ -72,14 +83,23 @@ def cmd_scenario(args: argparse.Namespace) -> int:
         if args.file:
             raise UsageError(f"unexpected {args.file!r} after {args.target!r} (did you mean `run FILE`?)")
         path = spec.resolve(args.target)
+    part = _shard(args.shard)
     if args.runs is not None and not 1 <= args.runs <= spec.MAX_RUNS:
         raise UsageError(f"--runs {args.runs} is out of range 1..{spec.MAX_RUNS}")
     scenario = spec.load(path, quick=args.quick, duration=args.duration, runs=args.runs, algorithms=args.algorithms,
                          target=args.far_end, via=args.via)
-    return _run(scenario, args)
+    return _run(scenario, args, part)
 
 
-def _run(scenario, args: argparse.Namespace) -> int:
+def _shard(text: str | None):
+    if text is None:
+        return None
+    from . import shard
+
+    return shard.parse(text)
+
+
+def _run(scenario, args: argparse.Namespace, part=None) -> int:
     from . import runner
 
     listen = None if args.listen == "off" else (args.listen or DEFAULT_LISTEN)
@@ -94,7 +114,7 @@ def _run(scenario, args: argparse.Namespace) -> int:
     options = runner.Options(out=Path(args.out) if args.out else None, listen=listen,
                              listen_explicit=args.listen is not None, skip_unavailable=args.skip_unavailable,
                              backend=args.backend, quick=args.quick, verify=not args.no_verify, resume=resume,
-                             cleanup_stale=args.cleanup_stale)
+                             cleanup_stale=args.cleanup_stale, shard=part)
     out, doc = runner.run(scenario, options, finish=_render)
     from . import report
     html = out / "report.html"
@@ -133,7 +153,7 @@ def _list() -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from . import report, store
+    from . import report, results, store
 
     directory = Path(args.directory)
     if not directory.is_dir():
@@ -146,9 +166,28 @@ def cmd_report(args: argparse.Namespace) -> int:
     html = report.render(directory, doc, series)
     print(report.summary_table(doc))
     if not doc["complete"]:
-        print(f"ccscope: incomplete: {len(doc['runs'])} of {len(doc['run_order'])} runs "
+        print(f"ccscope: incomplete: {len(doc['runs'])} of {len(results.planned(doc))} runs "
               f"(finish with the scenario's command and --resume {directory})", file=sys.stderr)
     print(f"\nreport: {html}")
+    return 0
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    from . import merge, report, runner
+
+    out = Path(args.out)
+    doc = merge.merge(out, [Path(d) for d in args.directories])
+    html = runner.write_report(lambda: _render(out, doc), out, len(doc["runs"]))
+    print(report.summary_table(doc))
+    for mixed in doc["merged"]["mixed"]:
+        print(f"ccscope: warning: uneven comparison: {mixed}", file=sys.stderr)
+    if not doc["complete"]:
+        absent = ", ".join(f"{i}/{doc['merged']['count']}" for i in doc["merged"]["missing_shards"])
+        print(f"ccscope: incomplete: {len(doc['runs'])} of {len(doc['run_order'])} runs"
+              f"{f'; missing shards {absent}' if absent else ''}; missing runs: {', '.join(doc['missing_runs'])}",
+              file=sys.stderr)
+    print(f"\nmerged {len(doc['merged']['shards'])} of {doc['merged']['count']} shards\nresults: {out}/results.json"
+          f"\nreport:  {html}")
     return 0
 
 

@@ -20,6 +20,7 @@ from ccscope.errors import UsageError
 from ccscope.units import format_bytes
 
 from . import confined
+from .results import planned
 from .store import write_atomic
 
 matplotlib.use("Agg")
@@ -379,8 +380,12 @@ def summary_table(doc: dict) -> str:
     lines = ["  ".join(v.ljust(w) if i < 2 else v.rjust(w) for i, (v, w) in enumerate(zip(row, widths, strict=True)))
              for row in cells]
     note = "± is the 95% confidence interval over runs" if doc["runs_per_unit"] > 1 else "1 run per cell: no interval"
+    if doc.get("shard"):
+        note += f"; shard {doc['shard']['index']} of {doc['shard']['count']}"
     if not doc["complete"]:
-        note += f"; INCOMPLETE: {len(doc['runs'])} of {len(doc['run_order'])} runs"
+        note += f"; INCOMPLETE: {len(doc['runs'])} of {len(planned(doc))} runs"
+    for mixed in (doc.get("merged") or {}).get("mixed", []):
+        note += f"; UNEVEN: {mixed}"
     lines += [_real_line(name, p) for name, p in (doc.get("real_paths") or {}).items()]
     return f"\n{doc['scenario']['name']} ({note})\n" + "\n".join(lines)
 
@@ -419,9 +424,10 @@ def render(directory: Path, doc: dict, series: Series | None = None) -> Path:
     images: dict[str, bytes] = {}  # every plot is drawn before any file is written
     plots = _draw_plots(images, doc, load_series(directory, doc) if series is None else series)
     _write_plots(directory, images)
-    sections = (_html_header(doc), _html_incomplete(directory, doc), _html_problems(doc), _html_summary(doc),
+    sections = (_html_header(doc), _html_incomplete(directory, doc), _html_mixed(doc), _html_problems(doc),
+                _html_summary(doc),
                 _html_real(doc), _html_plots(plots), _html_profiles(doc), _html_runs(doc), _html_downloads(doc),
-                _html_environment(doc), _html_footer(doc))
+                _html_environment(doc), _html_hosts(doc), _html_footer(doc))
     path = directory / "report.html"
     write_atomic(path, "\n".join(part for part in sections if part) + "\n")
     return path
@@ -445,17 +451,60 @@ def _html_header(doc: dict) -> str:
         f"<p>{html.escape(scenario['description'])}</p>",
         f"<p>{len(doc['runs'])} runs, {doc['runs_per_unit']} per profile × algorithm"
         f"{' (quick)' if doc['quick'] else ''}; bulk flows {scenario['duration_s']:g} s with the first "
-        f"{scenario['warmup_s']:g} s trimmed; started {html.escape(doc['started_at'])}.</p>"])
+        f"{scenario['warmup_s']:g} s trimmed; started {html.escape(doc['started_at'])}.</p>",
+        _shard_line(doc)])
+
+
+def _shard_line(doc: dict) -> str:
+    part = doc.get("shard")
+    if not part:
+        return ""
+    return (f"<p>Shard {part['index']} of {part['count']} of plan <code>{html.escape(part['plan_hash'])}</code>: "
+            f"{len(part['runs'])} of the plan's {len(doc['run_order'])} runs. Combine the shards with "
+            "<code>ccscope merge OUT DIR...</code>.</p>")
 
 
 def _html_incomplete(directory: Path, doc: dict) -> str:
     if doc["complete"]:
         return ""
     why = f", interrupted by {doc['interrupted']}" if doc["interrupted"] else ""
-    missing = ", ".join(doc["missing_runs"][:20]) + (", ..." if len(doc["missing_runs"]) > 20 else "")
-    return (f"<h2 class=err>Incomplete: {len(doc['runs'])} of {len(doc['run_order'])} runs{html.escape(why)}</h2>"
-            f"<p class=err>Missing: {html.escape(missing)}. Finish with the scenario's command and "
-            f"<code>--resume {html.escape(str(directory))}</code>.</p>")
+    merged = doc.get("merged")
+    if merged:  # every missing run is named: the list is what a user reruns
+        missing = ", ".join(doc["missing_runs"])
+        absent = ", ".join(f"{i}/{merged['count']}" for i in merged["missing_shards"])
+        fix = (f"Run the missing shard{'s' if len(merged['missing_shards']) > 1 else ''} {absent} "
+               "(or --resume the incomplete ones) and merge again." if absent else
+               "Finish the incomplete shards with --resume and merge again.")
+    else:
+        missing = ", ".join(doc["missing_runs"][:20]) + (", ..." if len(doc["missing_runs"]) > 20 else "")
+        fix = f"Finish with the scenario's command and <code>--resume {html.escape(str(directory))}</code>."
+    return (f"<h2 class=err>Incomplete: {len(doc['runs'])} of {len(planned(doc))} runs{html.escape(why)}</h2>"
+            f"<p class=err>Missing: {html.escape(missing)}. {fix if merged is None else html.escape(fix)}</p>")
+
+
+def _html_mixed(doc: dict) -> str:
+    """Shards from hosts that differ in kernel, backend or implementation: the comparison is uneven."""
+    mixed = (doc.get("merged") or {}).get("mixed", [])
+    if not mixed:
+        return ""
+    return ("<h2 class=err>Uneven comparison: the shards ran on different setups</h2><ul class=err>" +
+            "".join(f"<li>{html.escape(m)}</li>" for m in mixed) +
+            "</ul><p class=err>Runs from different kernels or emulation backends are not directly comparable; "
+            "see Hosts below for which shard ran where.</p>")
+
+
+def _html_hosts(doc: dict) -> str:
+    merged = doc.get("merged")
+    if not merged:
+        return ""
+    rows = [[f"{s.get('index')}/{merged['count']}", s.get("hostname", "-"), s.get("kernel", "-"),
+             ", ".join(s.get("backends") or []) or "-", s.get("ccscope_version", "-"), str(s.get("runs", "-")),
+             s.get("directory", "-")] for s in merged["shards"]]
+    rows += [[f"{i}/{merged['count']}", "(missing)", "-", "-", "-", "0", "-"] for i in merged["missing_shards"]]
+    rows.sort(key=lambda r: int(r[0].split("/")[0]))
+    return (f"<h2>Hosts</h2><p>Merged from {len(merged['shards'])} of {merged['count']} shards of plan "
+            f"<code>{html.escape(merged['plan_hash'])}</code>.</p>" +
+            _table(["shard", "host", "kernel", "backend", "ccscope", "runs", "directory"], rows, numeric_from=9))
 
 
 def _html_problems(doc: dict) -> str:

@@ -146,12 +146,24 @@ SCHEMA = {
         "implementations": {"type": "object", "additionalProperties": _IMPLEMENTATION},
         # optional: what the runs measured about each real path (realpath.summary); absent without one
         "real_paths": {"type": "object"},
+        # optional: the slice of the plan a `--shard K/N` run holds (shard.py); absent when one host ran it all
+        "shard": {"type": ["object", "null"], "required": ["index", "count", "plan_hash", "runs"],
+                  "properties": {"index": {"type": "integer"}, "count": {"type": "integer"},
+                                 "plan_hash": {"type": "string", "pattern": r"sha256:[0-9a-f]{64}"},
+                                 "runs": {"type": "array", "items": {"type": "string"}}}},
+        # optional: the shards `ccscope merge` combined (merge.py); absent otherwise
+        "merged": {"type": ["object", "null"], "required": ["plan_hash", "count", "shards", "missing_shards",
+                                                            "mixed"],
+                   "properties": {"plan_hash": {"type": "string"}, "count": {"type": "integer"},
+                                  "shards": {"type": "array", "items": {"type": "object"}},
+                                  "missing_shards": {"type": "array", "items": {"type": "integer"}},
+                                  "mixed": {"type": "array", "items": {"type": "string"}}}},
     },
 }
 RUN_SCHEMA = _RUN
 # What a --resume must match: everything that decides which units run and how (not when, or where from).
 IDENTITY = ("scenario", "profiles", "algorithms", "skipped_algorithms", "quick", "runs_per_unit", "seed",
-            "run_order", "backend_requested")
+            "run_order", "backend_requested", "shard")
 
 _TYPES = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}
 
@@ -279,13 +291,18 @@ def _first_difference(a: Any, b: Any, path: str) -> str | None:
     return None if a == b else f"{path}: {_short(a)} there, {_short(b)} now"
 
 
+def planned(doc: dict) -> list[str]:
+    """The runs this document is to hold, in plan order: all of run_order, or a shard's slice of it (shard.py)."""
+    return doc["shard"]["runs"] if doc.get("shard") else doc["run_order"]
+
+
 def refresh(doc: dict, scenario_like) -> None:
     """Derives what follows from the runs: order, summary, errors, missing runs, completeness."""
     from . import analysis
 
     doc["runs"].sort(key=lambda r: r["position"])
     done = {r["label"] for r in doc["runs"]}
-    doc["missing_runs"] = [label for label in doc["run_order"] if label not in done]
+    doc["missing_runs"] = [label for label in planned(doc) if label not in done]
     doc["complete"] = not doc["missing_runs"]
     doc["summary"] = analysis.summarize(doc["runs"], scenario_like)
     doc["errors"] = [f"{r['label']}: {e}" for r in doc["runs"] for e in r["errors"]]

@@ -29,7 +29,7 @@ from ccscope.loader import ProbeOptions, TelemetryProbe, preflight
 from ccscope.units import parse_listen
 from ccscope.web.http import Limits
 
-from . import analysis, linkmeter, realrun, results
+from . import analysis, linkmeter, realrun, results, shard
 from .environment import namespace_sysctls, now_iso
 from .linkmeter import LinkMeter
 from .progress import Progress
@@ -51,6 +51,7 @@ class Options:
     resume: Path | None = None  # a results directory to complete
     cleanup_stale: bool = False  # remove a killed run's leftovers instead of refusing to start
     real: realrun.Context | None = None  # the scenario's real paths, checked by realrun.prepare()
+    shard: shard.Shard | None = None  # --shard K/N: run only this slice of the plan (shard.py)
 
 
 class Interrupted(CcscopeError):
@@ -104,8 +105,9 @@ def plan(scenario: Scenario) -> list[Unit]:
     return units
 
 
-def default_out(scenario: Scenario) -> Path:
-    return Path("results") / f"{scenario.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+def default_out(scenario: Scenario, part: shard.Shard | None = None) -> Path:
+    where = f"-shard{part.index}of{part.count}" if part else ""
+    return Path("results") / f"{scenario.name}{where}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
 def check_out_dir(out: Path) -> None:
@@ -142,9 +144,13 @@ def run(scenario: Scenario, options: Options, finish=None) -> tuple[Path, dict]:
     check_prerequisites()
     scenario, skipped = select_algorithms(scenario, options.skip_unavailable)
     units = plan(scenario)
+    if options.shard is not None:
+        shard.positions(len(units), options.shard)  # a shard with no runs is refused before anything is made
     options.real = realrun.prepare(scenario)  # real paths: reachable, far end known, before anything is made
     fresh = results.new_document(scenario, units, skipped, options.quick, options.backend)
-    out = options.resume or options.out or default_out(scenario)
+    if options.shard is not None:
+        shard.apply(fresh, options.shard)
+    out = options.resume or options.out or default_out(scenario, options.shard)
     if options.resume is None:
         check_out_dir(out)
     store, doc = _open(out, fresh, options)
@@ -228,7 +234,7 @@ def _open(out: Path, fresh: dict, options: Options) -> tuple[Store, dict]:
     except BaseException:
         store.close()
         raise
-    print(f"ccscope: resuming {out}: {len(doc['runs'])} of {len(doc['run_order'])} runs done, "
+    print(f"ccscope: resuming {out}: {len(doc['runs'])} of {len(results.planned(doc))} runs done, "
           f"{len(doc['missing_runs'])} to run", file=sys.stderr)
     doc["resumed_at"].append(now_iso())
     doc["interrupted"] = None

@@ -225,7 +225,7 @@ def resumable(directory: Path, fresh: dict) -> dict:
     for entry in entries:
         run = entry["run"]
         label = run["label"]
-        if label not in order:
+        if label not in results.planned(fresh):
             raise UsageError(f"{where}: {JOURNAL} holds run {_quoted(label)}, which the plan does not have")
         if run["position"] != order.index(label) + 1:
             raise UsageError(f"{where}: {JOURNAL} holds run {label} at position {run['position']}, "
@@ -236,11 +236,11 @@ def resumable(directory: Path, fresh: dict) -> dict:
     doc = load(directory)
     if differs := results.identity_mismatch(doc, fresh):
         raise UsageError(f"{where}: the scenario differs from the one that wrote it: {differs}")
-    claimed = [label for label in doc["run_order"] if label not in doc["missing_runs"]]
+    claimed = [label for label in results.planned(doc) if label not in doc["missing_runs"]]
     for label in [*claimed, *(r["label"] for r in doc["runs"])]:
         if label not in journal:
             raise UsageError(f"{where}: {RESULTS} has run {_quoted(label)} done, {JOURNAL} does not "
-                             f"({len(journal)} of {len(order)} runs there)")
+                             f"({len(journal)} of {len(results.planned(fresh))} runs there)")
     for run in doc["runs"]:
         if run != journal[run["label"]]:
             raise UsageError(f"{where}: {RESULTS} differs from {JOURNAL} in run {run['label']}")

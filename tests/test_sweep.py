@@ -1,0 +1,353 @@
+"""Sweeps on many machines: `--shard K/N`, `ccscope merge`, and the Kubernetes Indexed Job that runs them.
+
+The shards are produced the way a cluster would: the Job's own shell command from
+deploy/kubernetes/sweep/job.yaml, run here once per JOB_COMPLETION_INDEX on a tiny scenario (one profile,
+two algorithms, --runs 2: four 3 s runs over 3 shards), one after another, the first one interrupted after
+its first run and retried (the Job's retry resumes the shard). The merge Job's command combines them, and the
+result is compared with the unsharded plan computed independently by the runner.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+from ccscope.errors import UsageError
+from ccscope.scenario import results, runner, shard, spec
+from ccscope.scenario.store import JOURNAL
+from ccscope_testkit.prereqs import ROOT, require_bpf_object, require_root, require_tools
+from emulation_helpers import HostSnapshot
+
+SWEEP = ROOT / "deploy" / "kubernetes" / "sweep"
+KUBERNETES = "1.33"  # backoffLimitPerIndex is GA from 1.33; every schema kubernetes-validate bundles from there on
+TINY = """
+name: tiny
+algorithms: [cubic, reno]
+duration: 3s
+warmup: 1s
+profiles:
+  ten: {rate: 10mbit, delay: 5ms}
+"""
+FLAGS = "--runs 2 --no-verify --listen off"
+
+
+def _docs(name: str) -> list[dict]:
+    return [d for d in yaml.safe_load_all((SWEEP / name).read_text()) if d]
+
+
+def _anti_affinity(job: dict) -> dict:
+    terms = job["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    return terms["requiredDuringSchedulingIgnoredDuringExecution"][0]
+
+
+def _container(doc: dict) -> dict:
+    (container,) = doc["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+# --- --shard K/N ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text, environ, expected", [
+    ("0/3", {}, (0, 3)), ("2/3", {}, (2, 3)), ("0/1", {}, (0, 1)),
+    ("env/4", {"JOB_COMPLETION_INDEX": "3"}, (3, 4)),
+    ("env/4", {"SLURM_ARRAY_TASK_ID": "1"}, (1, 4)),
+    ("env/4", {"JOB_COMPLETION_INDEX": "2", "SLURM_ARRAY_TASK_ID": "2"}, (2, 4)),
+])
+def test_shard_forms(text, environ, expected):
+    part = shard.parse(text, environ)
+    assert (part.index, part.count) == expected
+
+
+@pytest.mark.parametrize("text, environ, needle", [
+    ("3/3", {}, "shard 3 does not exist in 3 shards"),
+    ("0/0", {}, "N must be 1..10000"),
+    ("1", {}, "expected K/N"), ("a/b", {}, "expected K/N"), ("-1/3", {}, "expected K/N"), ("1/3/4", {}, "expected K/N"),
+    ("env/3", {}, "neither JOB_COMPLETION_INDEX nor SLURM_ARRAY_TASK_ID is set"),
+    ("env/3", {"JOB_COMPLETION_INDEX": "x"}, "JOB_COMPLETION_INDEX='x' is not a shard index"),
+    ("env/3", {"SLURM_ARRAY_TASK_ID": "3"}, "shard 3 does not exist in 3 shards"),
+    ("env/3", {"JOB_COMPLETION_INDEX": "0", "SLURM_ARRAY_TASK_ID": "1"}, "disagree"),
+])
+def test_shard_refusals(text, environ, needle):
+    with pytest.raises(UsageError) as caught:
+        shard.parse(text, environ)
+    assert needle in caught.value.line()
+
+
+@pytest.mark.parametrize("argv, env", [
+    (["bufferbloat", "--shard", "3/3"], {}),
+    (["bufferbloat", "--shard", "0/0"], {}),
+    (["bufferbloat", "--shard", "half"], {}),
+    (["bufferbloat", "--shard", "env/3"], {"JOB_COMPLETION_INDEX": "", "SLURM_ARRAY_TASK_ID": ""}),
+])
+def test_bad_shard_is_one_line_and_exit_2(argv, env, tmp_path):
+    res = subprocess.run([sys.executable, "-m", "ccscope.cli", "scenario", *argv, "--out", str(tmp_path / "out")],
+                         capture_output=True, text=True, timeout=60, env={**os.environ, **env})
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.startswith("ccscope: error: --shard") and res.stderr.count("\n") == 1, res.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("total", [1, 2, 5, 12, 97])
+def test_shards_partition_the_plan(total):
+    for count in range(1, total + 1):
+        slices = [shard.positions(total, shard.Shard(k, count)) for k in range(count)]
+        flat = sorted(p for s in slices for p in s)
+        assert flat == list(range(1, total + 1))  # every position once
+        assert max(map(len, slices)) - min(map(len, slices)) <= 1  # balanced
+    with pytest.raises(UsageError, match="fewer than"):
+        shard.positions(total, shard.Shard(0, total + 1))
+
+
+def _tiny(tmp_path: Path, text: str = TINY) -> Path:
+    path = tmp_path / "tiny.yaml"
+    path.write_text(text)
+    return path
+
+
+def _fresh(path: Path, runs: int = 2) -> dict:
+    scenario = spec.load(path, runs=runs)
+    return results.new_document(scenario, runner.plan(scenario), [], False)
+
+
+def test_plan_hash_is_the_plan_not_the_host(tmp_path):
+    first = _fresh(_tiny(tmp_path))
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    moved = _fresh(_tiny(other))
+    assert moved["scenario"]["source"] != first["scenario"]["source"]
+    moved["environment"]["kernel"] = "4.19.0-other"
+    assert shard.plan_hash(moved) == shard.plan_hash(first)
+    assert shard.plan_hash(_fresh(_tiny(tmp_path), runs=3)) != shard.plan_hash(first)
+    assert shard.plan_hash(_fresh(_tiny(tmp_path, TINY + "seed: 2\n"))) != shard.plan_hash(first)
+    assert shard.plan_hash(_fresh(_tiny(tmp_path, TINY.replace("3s", "4s")))) != shard.plan_hash(first)
+    assert shard.plan_hash({**first, "tool": {"name": "ccscope", "version": "9.9"}}) != shard.plan_hash(first)
+
+
+# --- the Kubernetes manifests ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["pvc.yaml", "job.yaml", "merge-job.yaml"])
+def test_manifests_match_the_kubernetes_schema(name):
+    for doc in _docs(name):
+        kubernetes_validate.validate(doc, KUBERNETES, strict=True)
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda job: job["spec"].__setitem__("completionmode", job["spec"].pop("completionMode")),
+    lambda job: _container(job).__setitem__("volumeMount", _container(job).pop("volumeMounts")),
+    lambda job: _anti_affinity(job).__setitem__("topologykey", _anti_affinity(job).pop("topologyKey")),
+])
+def test_schema_check_catches_a_misspelt_field(mutate):
+    job = copy.deepcopy(_docs("job.yaml")[0])
+    mutate(job)
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(job, KUBERNETES, strict=True)
+
+
+def test_sweep_job_runs_one_shard_per_node_with_only_what_scenarios_need():
+    job = _docs("job.yaml")[0]
+    spec_ = job["spec"]
+    assert spec_["completionMode"] == "Indexed" and 1 <= spec_["parallelism"] <= spec_["completions"]
+    container = _container(job)
+    script = container["args"][0]
+    assert f"--shard env/{spec_['completions']} " in script  # N is the Job's completions
+    pod = spec_["template"]["spec"]
+    assert len(pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]) == 1
+    term = _anti_affinity(job)
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"].items() <= spec_["template"]["metadata"]["labels"].items()
+    sc = container["securityContext"]
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["BPF", "NET_ADMIN", "PERFMON", "SYS_ADMIN"]}
+    assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
+    # the same set the compose override grants the scenario service
+    compose = yaml.safe_load((ROOT / "deploy/compose/compose.scenario.yaml").read_text())["services"]["scenario"]
+    assert sorted(compose["cap_add"]) == sc["capabilities"]["add"]
+    (pvc,) = _docs("pvc.yaml")
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    merge = _docs("merge-job.yaml")[0]
+    for doc in (job, merge):
+        claims = [v["persistentVolumeClaim"]["claimName"] for v in doc["spec"]["template"]["spec"]["volumes"]
+                  if "persistentVolumeClaim" in v]
+        assert claims == [pvc["metadata"]["name"]]
+    assert _container(merge)["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    results_dir = {e["name"]: e["value"] for e in container["env"]}["RESULTS"]
+    assert {e["name"]: e["value"] for e in _container(merge)["env"]}["RESULTS"] == results_dir
+
+
+# --- shards run by the Job's command, merged by the merge Job's command ------------------------------------
+
+
+def _job_command(name: str, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """The container's command line and environment, as the kubelet starts it, with `env` overriding."""
+    container = _container(_docs(name)[0])
+    environ = {**os.environ, **{e["name"]: e["value"] for e in container["env"]}, **env}
+    environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{environ['PATH']}"  # this checkout's ccscope
+    return [*container["command"], *container["args"]], environ
+
+
+def _wait_for_runs(journal: Path, runs: int, proc: subprocess.Popen, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if journal.is_file() and journal.read_text().count("\n") >= 1 + runs:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{journal}: no {runs} completed runs in {timeout} s (exit {proc.poll()})")
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    require_root()
+    require_tools("iperf3", "ping", "ip", "tc", "ethtool", "ss", "iptables")
+    require_bpf_object()
+    base = tmp_path_factory.mktemp("sweep")
+    path = _tiny(base)
+    env = {"SCENARIO": f"run {path}", "SCENARIO_FLAGS": FLAGS, "RESULTS": str(base / "results")}
+    snapshot = HostSnapshot.take()
+    logs = {}
+    for index in range(3):
+        argv, environ = _job_command("job.yaml", {**env, "JOB_COMPLETION_INDEX": str(index)})
+        if index == 0:  # the pod is stopped after its first run, and the Job's retry finishes the shard
+            proc = subprocess.Popen(argv, env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            _wait_for_runs(base / "results" / "shard-0" / JOURNAL, 1, proc, 120)
+            proc.send_signal(signal.SIGTERM)
+            _, logs["interrupted"] = proc.communicate(timeout=60)
+            assert proc.returncode == 128 + signal.SIGTERM, logs["interrupted"]
+        res = subprocess.run(argv, env=environ, capture_output=True, text=True, timeout=180)
+        assert res.returncode == 0, res.stderr
+        logs[index] = res.stderr
+    argv, environ = _job_command("merge-job.yaml", env)
+    merged = subprocess.run(argv, env=environ, capture_output=True, text=True, timeout=120)
+    assert merged.returncode == 0, merged.stderr
+    snapshot.assert_unchanged()
+    return {"dir": base / "results", "scenario": path, "logs": logs, "merge": merged}
+
+
+def test_shards_merge_into_the_unsharded_plan(sweep):
+    shards = [results.load(sweep["dir"] / f"shard-{k}") for k in range(3)]
+    (out,) = sweep["dir"].glob("merged-*")
+    doc = results.load(out)
+    fresh = _fresh(sweep["scenario"])  # the unsharded plan, from the runner itself
+    assert results.identity_mismatch(doc, fresh) is None
+    plan = list(enumerate(fresh["run_order"], 1))
+    assert [(r["position"], r["label"]) for r in doc["runs"]] == plan
+    assert doc["seed"] == fresh["seed"]  # each run's emulation is seeded with seed + position
+    assert doc["complete"] and doc["missing_runs"] == [] and "shard" not in doc
+    # each shard ran exactly its slice, at the plan's positions, and said which shard of which plan it is
+    hashes = {s["shard"]["plan_hash"] for s in shards}
+    assert hashes == {shard.plan_hash(fresh)} == {doc["merged"]["plan_hash"]}
+    for k, part in enumerate(shards):
+        assert part["shard"]["index"] == k and part["shard"]["count"] == 3
+        assert [r["position"] for r in part["runs"]] == [p for p, _ in plan if (p - 1) % 3 == k]
+    # the shard interrupted after its first run resumed it and ran only the other one
+    assert "resuming" in sweep["logs"][0] and "1 of 2 runs done, 1 to run" in sweep["logs"][0]
+    # summary rows: one per profile x algorithm, each over both repetitions, as the unsharded run has them
+    expected = {("ten", "cubic", "cubic"): 2, ("ten", "reno", "reno"): 2}
+    assert {(r["profile"], r["algorithms"], r["algorithm"]): r["runs"] for r in doc["summary"]} == expected
+    assert {tuple(sorted(r)) for r in doc["summary"]} == {tuple(sorted(r)) for s in shards for r in s["summary"]}
+    for run in doc["runs"]:
+        for flow in run["flows"]:
+            assert (out / flow["csv"]).is_file(), flow["csv"]
+            assert flow["goodput_bps"] > 5e6  # a 10 Mbit/s link, one flow
+    html = (out / "report.html").read_text()
+    assert "Hosts" in html and "Incomplete" not in html and "Uneven" not in html
+    assert "merged 3 of 3 shards" in sweep["merge"].stdout
+
+
+def _merge(out: Path, *dirs: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ccscope.cli", "merge", str(out), *map(str, dirs)],
+                          capture_output=True, text=True, timeout=120)
+
+
+def _copy(sweep, k: int, dest: Path) -> Path:
+    return Path(shutil.copytree(sweep["dir"] / f"shard-{k}", dest / f"shard-{k}", symlinks=True))
+
+
+def _edit(directory: Path, change) -> None:
+    """Changes results.json (and the journal's header to agree)."""
+    doc = json.loads((directory / "results.json").read_text())
+    change(doc)
+    (directory / "results.json").write_text(json.dumps(doc))
+    lines = (directory / JOURNAL).read_text().splitlines()
+    header = json.loads(lines[0])
+    change(header["document"])
+    (directory / JOURNAL).write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+
+
+def _rehashed(change):
+    def apply(doc):
+        change(doc)
+        doc["shard"]["plan_hash"] = shard.plan_hash({**doc, "shard": None})
+    return apply
+
+
+def _refused(res: subprocess.CompletedProcess, out: Path, *needles: str) -> None:
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.startswith("ccscope: error: ") and res.stderr.count("\n") == 1, res.stderr
+    assert "Traceback" not in res.stderr
+    for needle in needles:
+        assert needle in res.stderr, (needle, res.stderr)
+    assert not out.exists()
+
+
+def test_merge_refusals(sweep, tmp_path):
+    s = [sweep["dir"] / f"shard-{k}" for k in range(3)]
+    out = tmp_path / "out"
+    _refused(_merge(out, s[0], s[1], s[0]), out, "are both shard 0/3")
+    seeded = _copy(sweep, 1, tmp_path / "seed")
+    _edit(seeded, _rehashed(lambda d: d.__setitem__("seed", 7)))
+    _refused(_merge(out, s[0], seeded, s[2]), out, "different plans", "seed: 1 in", "7 in")
+    newer = _copy(sweep, 2, tmp_path / "version")
+    _edit(newer, _rehashed(lambda d: d["tool"].__setitem__("version", "0.2.0")))
+    _refused(_merge(out, s[0], s[1], newer), out, "different plans", "ccscope 0.1.0 in", "0.2.0 in")
+    forged = _copy(sweep, 2, tmp_path / "forged")
+    _edit(forged, lambda d: d.__setitem__("seed", 7))
+    _refused(_merge(out, s[0], s[1], forged), out, "does not match its own plan hash")
+    stolen = _copy(sweep, 0, tmp_path / "stolen")
+    other = json.loads((s[1] / "results.json").read_text())["runs"][0]
+    _edit(stolen, lambda d: d["runs"].append(other))
+    _refused(_merge(out, stolen, s[1], s[2]), out, f"run {other['label']} belongs to shard 1/3")
+    corrupt = _copy(sweep, 2, tmp_path / "corrupt")
+    (corrupt / "results.json").write_text('{"schema_version": 2, "runs": [')
+    _refused(_merge(out, s[0], s[1], corrupt), out, "results.json: not valid JSON")
+    unsharded = _copy(sweep, 2, tmp_path / "unsharded")
+    _edit(unsharded, lambda d: d.pop("shard"))
+    _refused(_merge(out, s[0], s[1], unsharded), out, "not a shard")
+    _refused(_merge(out, s[0], tmp_path / "nowhere"), out, "no such results directory")
+
+
+def test_a_missing_shard_is_an_incomplete_report_that_names_its_runs(sweep, tmp_path):
+    out = tmp_path / "out"
+    res = _merge(out, sweep["dir"] / "shard-0", sweep["dir"] / "shard-2")
+    assert res.returncode == 0, res.stderr
+    doc = results.load(out)
+    lost = results.load(sweep["dir"] / "shard-1")["shard"]["runs"]
+    assert doc["complete"] is False and doc["missing_runs"] == lost and doc["merged"]["missing_shards"] == [1]
+    assert len(doc["runs"]) == 4 - len(lost)
+    html = (out / "report.html").read_text()
+    assert "Incomplete: 3 of 4 runs" in html and all(label in html for label in lost)
+    assert "missing shards 1/3" in res.stderr and lost[0] in res.stderr
+
+
+def test_mixed_kernels_are_merged_and_flagged(sweep, tmp_path):
+    other = _copy(sweep, 2, tmp_path / "other")
+    _edit(other, lambda d: d["environment"].__setitem__("kernel", "6.1.0-25-amd64"))
+    out = tmp_path / "out"
+    res = _merge(out, sweep["dir"] / "shard-0", sweep["dir"] / "shard-1", other)
+    assert res.returncode == 0, res.stderr
+    assert "uneven comparison: mixed kernels" in res.stderr
+    doc = results.load(out)
+    assert doc["complete"] and [h["kernel"] for h in doc["merged"]["shards"]][2] == "6.1.0-25-amd64"
+    html = (out / "report.html").read_text()
+    assert html.index("Uneven comparison") < html.index("<h2>Summary")  # at the top, before any number
+    assert "6.1.0-25-amd64" in html and os.uname().release in html
