@@ -324,6 +324,12 @@ def test_merge_refusals(sweep, tmp_path):
     _edit(unsharded, lambda d: d.pop("shard"))
     _refused(_merge(out, s[0], s[1], unsharded), out, "not a shard")
     _refused(_merge(out, s[0], tmp_path / "nowhere"), out, "no such results directory")
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "notes.txt").write_text("mine")
+    res = _merge(full, *s)
+    assert res.returncode == 2 and "OUT" in res.stderr and "is not empty" in res.stderr, res.stderr
+    assert [p.name for p in full.iterdir()] == ["notes.txt"]
 
 
 def test_a_missing_shard_is_an_incomplete_report_that_names_its_runs(sweep, tmp_path):

@@ -166,8 +166,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     html = report.render(directory, doc, series)
     print(report.summary_table(doc))
     if not doc["complete"]:
-        print(f"ccscope: incomplete: {len(doc['runs'])} of {len(results.planned(doc))} runs "
-              f"(finish with the scenario's command and --resume {directory})", file=sys.stderr)
+        fix = ("run or resume the missing shards and merge again" if doc.get("merged") else
+               f"finish with the scenario's command and --resume {directory}")
+        print(f"ccscope: incomplete: {len(doc['runs'])} of {len(results.planned(doc))} runs ({fix})", file=sys.stderr)
     print(f"\nreport: {html}")
     return 0
 

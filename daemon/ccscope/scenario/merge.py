@@ -201,7 +201,10 @@ def merge(out: Path, directories: list[Path]) -> dict:
     """Reads and checks every shard, then writes OUT (new or empty): results.json, flows/, raw/. The document."""
     if not directories:
         raise UsageError("ccscope merge OUT DIR...: no shard directories given")
-    check_out_dir(out)
+    try:
+        check_out_dir(out)
+    except UsageError as exc:  # worded for `scenario --out`; here OUT is the first argument
+        raise UsageError(exc.problem.replace(f"--out {out}", f"OUT {out}", 1), exc.fix) from None
     parts = [read(d) for d in directories]
     check_same_plan(parts)
     doc = merged_document(parts)

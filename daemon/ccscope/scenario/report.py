@@ -603,7 +603,9 @@ def _html_environment(doc: dict) -> str:
                  for k, v in env.get("offloads", {}).items()]
     backends = sorted({r["backend"] for r in doc["runs"]})
     env_rows.insert(0, ["emulation backend", ", ".join(backends)])
-    return "<h2>Environment</h2>" + _table(["what", "value"], env_rows, numeric_from=9)
+    merged = doc.get("merged")
+    whose = f" (shard {merged['shards'][0]['index']}'s host; every host under Hosts)" if merged else ""
+    return f"<h2>Environment{html.escape(whose)}</h2>" + _table(["what", "value"], env_rows, numeric_from=9)
 
 
 def _html_footer(doc: dict) -> str:
