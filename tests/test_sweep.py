@@ -357,3 +357,22 @@ def test_mixed_kernels_are_merged_and_flagged(sweep, tmp_path):
     html = (out / "report.html").read_text()
     assert html.index("Uneven comparison") < html.index("<h2>Summary")  # at the top, before any number
     assert "6.1.0-25-amd64" in html and os.uname().release in html
+
+
+def test_resume_takes_only_the_same_shard(sweep):
+    """A shard's directory is resumed by that shard of that plan only; a finished one has nothing to run."""
+    directory = sweep["dir"] / "shard-1"
+    before = (directory / JOURNAL).read_text()
+
+    def resume(*flags: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "ccscope.cli", "scenario", "run", str(sweep["scenario"]),
+                               *FLAGS.split(), *flags, "--resume", str(directory)],
+                              capture_output=True, text=True, timeout=120)
+
+    for flags, needle in [(["--shard", "2/3"], "shard index: 1 there, 2 now"), ([], "shard: "),
+                          (["--shard", "1/2"], "shard count: 3 there, 2 now")]:
+        res = resume(*flags)
+        assert res.returncode == 2 and needle in res.stderr and res.stderr.count("\n") == 1, (flags, res.stderr)
+    res = resume("--shard", "1/3")
+    assert res.returncode == 0 and "0 to run" in res.stderr, res.stderr
+    assert (directory / JOURNAL).read_text() == before
