@@ -100,6 +100,27 @@ def window_goodput(times_s: Sequence[float], acked: Sequence[int], window: tuple
     return (interpolate(times_s, acked, end) - interpolate(times_s, acked, start)) * 8 / (end - start)
 
 
+def apply_common_window(record: dict, t0: float, flows: list[tuple[dict, object | None]],
+                        keep_own: bool = False) -> tuple[float, float] | None:
+    """Each bulk flow's goodput over the run's one common window (`goodput_common_bps`), the run's goodput (their
+    sum), Jain's index of them and the window itself, from (flow entry, its FlowSeries or None) pairs; returns
+    the window. keep_own: a flow without a series keeps its own goodput (a real path's receiver view, from
+    iperf3's report); otherwise it has none."""
+    window = common_window([(f["window_s"][0] + t0, f["window_s"][1] + t0) for f, s in flows
+                            if s is not None and f.get("window_s") and f["goodput_bps"] is not None])
+    for f, s in flows:
+        if s is None or window is None:
+            f["goodput_common_bps"] = f["goodput_bps"] if keep_own else None
+        else:
+            f["goodput_common_bps"] = window_goodput([x.t for x in s.samples], [x.bytes_acked for x in s.samples],
+                                                     window)
+    rates = [f["goodput_common_bps"] for f, _ in flows if f["goodput_common_bps"] is not None]
+    record["jain"] = jain(rates)
+    record["window_s"] = None if window is None else [round(window[0] - t0, 4), round(window[1] - t0, 4)]
+    record["goodput_bps"] = sum(rates) if rates else None
+    return window
+
+
 def jain(values: Sequence[float]) -> float | None:
     """Jain's fairness index (Σx)²/(n·Σx²); None for fewer than two flows or all zero."""
     if len(values) < 2:

@@ -455,24 +455,9 @@ def fill(record: dict, scenario: Scenario, unit, path: Resolved, traffic: RealTr
         rtts = [rtt * 1e3 for t, rtt in traffic.ping if t >= window_start]
         record["ping"] = {"sent": traffic.ping_sent, "received": len(traffic.ping), "rtt_ms": analysis.summary(rtts),
                           "csv": write_ping_csv(out, f"{stem}_ping.csv", traffic.ping, t0)}
-    _common_window(record, t0, sender_series)
+    # as emulated runs take it (no link counter: a real path's bottleneck is not ours to read); a flow this
+    # host only received keeps iperf3's goodput
+    analysis.apply_common_window(record, t0, [(f, sender_series.get(f["id"])) for f in record["flows"]],
+                                 keep_own=True)
     record["per_algorithm"] = analysis.per_algorithm(record["flows"], srtt_by_algorithm, unit.mix, [])
-
-
-def _common_window(record: dict, t0: float, sender_series: dict[str, FlowSeries]) -> None:
-    """Goodput of each flow over the run's one common window, as emulated runs take it (runner.py); a flow
-    with only iperf3's report (this host received) keeps that report's goodput. No link counter here: a
-    real path's bottleneck is not ours to read."""
-    flows = [(f, sender_series.get(f["id"])) for f in record["flows"]]
-    window = analysis.common_window([(f["window_s"][0] + t0, f["window_s"][1] + t0) for f, s in flows
-                                     if s is not None and f.get("window_s") and f["goodput_bps"] is not None])
-    for f, s in flows:
-        if s is None or window is None:
-            f["goodput_common_bps"] = f["goodput_bps"]
-        else:
-            f["goodput_common_bps"] = analysis.window_goodput([x.t for x in s.samples],
-                                                              [x.bytes_acked for x in s.samples], window)
-    rates = [f["goodput_common_bps"] for f in record["flows"] if f["goodput_common_bps"] is not None]
-    record["jain"] = analysis.jain(rates)
-    record["goodput_bps"] = sum(rates) if rates else None
 

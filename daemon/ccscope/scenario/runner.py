@@ -475,17 +475,7 @@ def _common_window(record: dict, t0: float, series_of: dict[int, FlowSeries],
                    link_samples: list[tuple[float, int]]) -> None:
     """Goodput of every bulk flow over the run's one common window (analysis.py), their sum, Jain's index
     of them, and the link's own egress counter over the same window."""
-    flows = [(f, series_of.get(id(f))) for f in record["flows"]]
-    windows = [(f["window_s"][0] + t0, f["window_s"][1] + t0) for f, s in flows
-               if s is not None and f["goodput_bps"] is not None]
-    window = analysis.common_window(windows)
-    for f, s in flows:
-        f["goodput_common_bps"] = None if s is None or window is None else analysis.window_goodput(
-            [x.t for x in s.samples], [x.bytes_acked for x in s.samples], window)
-    rates = [f["goodput_common_bps"] for f in record["flows"] if f["goodput_common_bps"] is not None]
-    record["jain"] = analysis.jain(rates)
-    record["window_s"] = None if window is None else [round(window[0] - t0, 4), round(window[1] - t0, 4)]
-    record["goodput_bps"] = sum(rates) if rates else None
+    window = analysis.apply_common_window(record, t0, [(f, series_of.get(id(f))) for f in record["flows"]])
     wire = None if window is None else linkmeter.bytes_between(link_samples, *window)
     link_bps = None if wire is None else wire * 8 / (window[1] - window[0])
     record["link_window_bps"] = link_bps  # layer 2, up direction, what left the router
