@@ -198,10 +198,20 @@ def _cmdline(pid: int) -> bytes:
         return b""
 
 
+def _run_file(ccscope_cmd, tmp_path: Path, text: str) -> dict:
+    """A small scenario file run as typed (no path check, no live page); its results.json, validated."""
+    path = tmp_path / "scenario.yaml"
+    path.write_text(text)
+    out = tmp_path / "out"
+    res = subprocess.run([*ccscope_cmd, "scenario", "run", str(path), "--no-verify", "--listen", "off",
+                          "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    return results.load(out)
+
+
 def test_time_limited_downloads_and_competing_flows(ccscope_cmd, tmp_path, host):
     """Seed 002's hang becomes an incomplete transfer; two algorithms share one bottleneck (Jain)."""
-    path = tmp_path / "mini.yaml"
-    path.write_text("""
+    doc = _run_file(ccscope_cmd, tmp_path, """
 name: mini
 algorithms: [[cubic, bbr]]
 duration: 5s
@@ -212,11 +222,6 @@ traffic:
   bulk: {flows: 1, stagger: 0.5s}
   downloads: {sizes: [5KB, 2MB], timeout: 3s, start: 1s}
 """)
-    out = tmp_path / "mini"
-    res = subprocess.run([*ccscope_cmd, "scenario", "run", str(path), "--no-verify", "--listen", "off",
-                          "--out", str(out)], capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stderr
-    doc = results.load(out)
     [run] = doc["runs"]
     assert [f["algorithm_kernel"] for f in run["flows"]] == ["cubic", "bbr"]
     assert [f["algorithm_iperf3"] for f in run["flows"]] == ["cubic", "bbr"]
@@ -237,8 +242,7 @@ def test_competing_goodput_never_exceeds_the_link_counter(ccscope_cmd, tmp_path,
     """Flows that start 1.5 s apart: each one's own window holds time alone on the link, so per-flow rates
     summed came to ~1.3x the link (the probe's 120 Mbit/s on 100). Per algorithm and per run, goodput is
     taken over one common window and checked against the router's own egress counter over that window."""
-    path = tmp_path / "stagger.yaml"
-    path.write_text("""
+    [run] = _run_file(ccscope_cmd, tmp_path, """
 name: stagger
 algorithms: [[cubic, reno]]
 duration: 4s
@@ -247,12 +251,7 @@ profiles:
   ten: {rate: 10mbit, delay: 5ms}
 traffic:
   bulk: {flows: 1, stagger: 1.5s}
-""")
-    out = tmp_path / "stagger"
-    res = subprocess.run([*ccscope_cmd, "scenario", "run", str(path), "--no-verify", "--listen", "off",
-                          "--out", str(out)], capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stderr
-    [run] = results.load(out)["runs"]
+""")["runs"]
     assert not run["errors"], run["errors"]
     link = run["link_window_bps"]  # layer 2, what left the router towards the receiver
     per_algorithm = sum(p["goodput_bps"] for p in run["per_algorithm"].values())
