@@ -297,11 +297,19 @@ def test_isolating_short_flows_keeps_their_latency_low():
     """Seed 004's fix: with a large bulk queue, ping and short downloads get their own queue (htb)."""
     shared_rtts, shared_dl, shared_link, _ = short_flows_under_load(None)
     iso_rtts, iso_dl, iso_link, iso = short_flows_under_load("short")
-    p95 = lambda xs: statistics.quantiles(xs, n=20)[-1]  # noqa: E731
-    # a full 100-packet queue at 10 Mbit/s adds ~120 ms; the interactive queue stays near empty
-    assert p95(shared_rtts) > 0.100, shared_rtts
-    assert p95(iso_rtts) < 0.5 * p95(shared_rtts), (iso_rtts, shared_rtts)
-    assert statistics.median(iso_rtts) < 0.020 + 0.015, iso_rtts
+    quartile = lambda xs, k: statistics.quantiles(xs, n=4)[k - 1]  # noqa: E731
+    # Shared, every ping waits behind the bulk flow's standing queue: cubic's sawtooth in the 100-packet
+    # queue (120 ms full at 10 Mbit/s). Four runs: pings 74-139 ms, first quartile 86-104 ms.
+    assert quartile(shared_rtts, 1) > 0.020 + 0.040, shared_rtts
+    # Isolated, a ping waits only behind the interactive queue. Three of the 25 pings (one per second,
+    # the download's start) share it with a download's first burst: 1 BDP (25 KB) at >= 90 % of
+    # 10 Mbit/s, at most 22 ms more (measured 25-42 ms, with two busy loops 37-42 ms); the rest see
+    # the path's 20 ms. The old check, p95 < half the shared p95, sat on those three, so one more late
+    # ping (~100 ms; the VM stalls for 15-97 ms about once a minute, see pathcheck) failed CI with a
+    # p95 of 83 ms. The third quartile, and the middle of the three highest, tolerate such a ping.
+    assert quartile(iso_rtts, 3) < 0.020 + 0.005, iso_rtts
+    interactive_drain_s = 25_000 * 8 / (0.9 * 10e6)
+    assert statistics.median(sorted(iso_rtts)[-3:]) < 0.020 + interactive_drain_s + 0.010, iso_rtts
     assert len(shared_dl) == len(iso_dl) == 3 and all(d["complete"] for d in shared_dl + iso_dl)
     shared_t = [d["completion_time_s"] for d in shared_dl]
     iso_t = [d["completion_time_s"] for d in iso_dl]
