@@ -165,7 +165,8 @@ def net(tmp_path_factory):
 
 
 class SsSampler:
-    """`ss -tin` in a namespace every 0.1 s: (local port, peer port) -> [(cc, cwnd, rtt_ms)]."""
+    """`ss -tin` in a namespace every 0.1 s: (local port, peer port) -> [(cc, cwnd, rtt_ms)] of sending
+    connections."""
 
     LINE = re.compile(r"^(?:[A-Z-]+\s+)?\d+\s+\d+\s+\S+:(\d+)\s+\S+:(\d+)")  # `state established` drops State
 
@@ -187,7 +188,12 @@ class SsSampler:
                     continue
                 cwnd, rtt = re.search(r"\bcwnd:(\d+)", line), re.search(r"\brtt:([0-9.]+)/", line)
                 cc = re.search(r"(\w+) wscale:", line)  # the algorithm comes right before wscale
-                if key and cwnd and rtt and cc:
+                # Only once data has left: for a download, iperf3's server sets -C on the data socket
+                # after accept(), so in the accept queue ss shows the listener's (host default) algorithm.
+                # Sampled every ~2 ms on loopback, 2 of 12 `iperf3 -R -C reno` data sockets showed one bbr
+                # sample with no bytes_sent, then only reno; at 0.1 s this test caught one once.
+                sent = re.search(r"\bbytes_sent:\d+", line)
+                if key and cwnd and rtt and cc and sent:
                     self.seen.setdefault(key, []).append((cc.group(1), int(cwnd.group(1)), float(rtt.group(1))))
                 key = None
             self._stop.wait(0.1)
