@@ -15,7 +15,7 @@ _FLOOR = re.compile(r"^([A-Za-z0-9_.-]+)\s*>=\s*([0-9][0-9A-Za-z.]*)")
 
 def _floors() -> dict[str, str]:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    specs = list(project["dependencies"]) + list(project["optional-dependencies"]["dev"])
+    specs = list(project["dependencies"]) + [s for group in project["optional-dependencies"].values() for s in group]
     floors = {}
     for spec in specs:
         match = _FLOOR.match(spec)
@@ -57,7 +57,7 @@ LAYERS = (
     {"host"},
     {"cc", "attribution", "flows", "loader", "exporter", "metrics_endpoint", "web", "live"},
     {"emulation"},
-    {"scenario", "serve"},  # serve: the far end of a real-path scenario
+    {"scenario", "serve", "results"},  # serve: the far end of a real-path scenario; results: its tables
     {"cli", "check"},
 )
 PACKAGE = ROOT / "daemon" / "ccscope"

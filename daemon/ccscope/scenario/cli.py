@@ -60,11 +60,31 @@ def register(sub) -> None:
     mg.add_argument("directories", metavar="DIR", nargs="+", help="a shard's results directory")
     mg.set_defaults(func=cmd_merge)
 
+    ex = sub.add_parser("export", help="a results directory as tables (samples, runs, summary) for pandas, "
+                                       "Polars or DuckDB",
+                        description="Write a results directory as three tidy tables: every flow's samples, one "
+                                    "row per flow of every run, and the summary (docs/scenarios.md).")
+    ex.add_argument("directory", help="a directory written by `ccscope scenario` or `ccscope merge`")
+    ex.add_argument("--format", default="parquet", choices=("parquet", "csv"),
+                    help="parquet (needs the export extra: pip install 'ccscope[export]') or csv (default: parquet)")
+    ex.add_argument("--out", metavar="DIR", help="where the tables go (default: DIRECTORY/tables)")
+    ex.set_defaults(func=cmd_export)
+
     cl = sub.add_parser("cleanup", help="remove namespaces, qdiscs, rules, sysctls and BPF congestion "
                                         "controls a killed run left behind")
     cl.add_argument("--all", action="store_true",
                     help="also tear down runs whose ccscope process is still alive (default: only dead ones)")
     cl.set_defaults(func=cmd_cleanup)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from . import export
+
+    directory = Path(args.directory)
+    written = export.export(directory, args.format, Path(args.out) if args.out else directory / "tables")
+    for name, path in written.items():
+        print(f"{name}: {path}")
+    return 0
 
 
 def cmd_scenario(args: argparse.Namespace) -> int:

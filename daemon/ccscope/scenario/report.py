@@ -7,7 +7,6 @@ anything, so a bad results directory is one line and leaves no half-written repo
 from __future__ import annotations
 
 import copy
-import csv
 import html
 import io
 import math
@@ -20,7 +19,7 @@ from ccscope.errors import UsageError
 from ccscope.units import format_bytes
 
 from . import confined
-from .results import planned
+from .results import csv_rows, planned
 from .store import write_atomic
 
 matplotlib.use("Agg")
@@ -100,22 +99,13 @@ def _csv_paths(doc: dict):
 
 
 def _parse_csv(text: str, where: str) -> dict[str, tuple[list[float], list[float]]]:
-    columns: dict[str, tuple[list[float], list[float]]] = {}
-    try:
-        reader = csv.DictReader(io.StringIO(text, newline=""))
-        wanted = [c for c in PLOTTED_COLUMNS if c in (reader.fieldnames or [])]
-        if text and (not reader.fieldnames or "time_s" not in reader.fieldnames):
-            raise UsageError(f"{where}: no time_s column in the first line")
-        for key in wanted:
-            columns[key] = ([], [])
-        for row in reader:
-            for key in wanted:
-                if row.get(key) not in (None, ""):
-                    columns[key][0].append(_number(row.get("time_s"), where, reader.line_num, "time_s"))
-                    columns[key][1].append(_number(row[key], where, reader.line_num, key))
-    except csv.Error as exc:
-        raise UsageError(f"{where}: not valid CSV: {exc}") from None
-    return columns
+    columns: dict[str, tuple[list[float], list[float]]] = {key: ([], []) for key in PLOTTED_COLUMNS}
+    for line, row in enumerate(csv_rows(text, where), start=2):
+        for key in PLOTTED_COLUMNS:
+            if row.get(key) not in (None, ""):
+                columns[key][0].append(_number(row.get("time_s"), where, line, "time_s"))
+                columns[key][1].append(_number(row[key], where, line, key))
+    return {key: values for key, values in columns.items() if values[0]}
 
 
 def _number(text, where: str, line: int, column: str) -> float:

@@ -8,9 +8,12 @@ everything the report reads is typed here, so a hand-edited document is one line
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -358,3 +361,15 @@ def load(directory: Path) -> dict:
     if text is None:
         raise UsageError(f"{where}: no such file")
     return parse(text, where)
+
+
+def csv_rows(text: str, where: str) -> Iterator[dict[str, str]]:
+    """The rows of a per-flow CSV (text as read through confined.py): the one reader of those files.
+    Every problem is one UsageError line naming `where`."""
+    try:
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        if text and (not reader.fieldnames or "time_s" not in reader.fieldnames):
+            raise UsageError(f"{where}: no time_s column in the first line")
+        yield from reader
+    except csv.Error as exc:
+        raise UsageError(f"{where}: not valid CSV: {exc}") from None

@@ -59,11 +59,15 @@ def write_atomic(path: Path, data: str | bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.unlink(missing_ok=True)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data.encode() if isinstance(data, str) else data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    tmp.replace(path)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data.encode() if isinstance(data, str) else data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        tmp.replace(path)
+    except BaseException:  # a full disk or Ctrl-C: no temporary file left behind
+        tmp.unlink(missing_ok=True)
+        raise
     _fsync_dir(path.parent)
 
 
