@@ -55,7 +55,7 @@ LAYERS = (
     {"ccscope", "errors", "units", "safe_input", "hosttools", "libbpf", "bpf_types", "exposition", "flowscan",
      "linewriter"},
     {"host"},
-    {"cc", "attribution", "flows", "loader", "exporter", "metrics_endpoint", "web", "live"},
+    {"cc", "attribution", "flows", "loader", "exporter", "metrics_endpoint", "web", "live", "otlp"},
     {"emulation"},
     {"scenario", "serve", "results"},  # serve: the far end of a real-path scenario; results: its tables
     {"cli", "check"},

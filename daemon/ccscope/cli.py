@@ -42,6 +42,7 @@ from .live.feed import SampleFeed
 from .live.hub import Hub
 from .loader import ProbeOptions, TelemetryProbe
 from .metrics_endpoint import MetricsServer
+from .otlp import OtlpOptions, OtlpPush
 from .units import DEFAULT_LISTEN, parse_duration, parse_listen
 from .web import config as webconfig
 from .web.http import Authenticator, Limits, serve_promptly
@@ -163,8 +164,20 @@ def _endpoint_security(args: argparse.Namespace) -> tuple[ssl.SSLContext | None,
     return tls, auth, []
 
 
+def _otlp_options(args: argparse.Namespace) -> OtlpOptions | None:
+    if args.otlp is None:
+        if args.listen == "off":
+            raise UsageError("--listen off leaves nothing to export: give --otlp URL as well")
+        return None
+    return OtlpOptions.parse(args.otlp, args.otlp_header, parse_duration(args.otlp_interval, "--otlp-interval", 0.1,
+                                                                        3600.0),
+                             parse_duration(args.otlp_timeout, "--otlp-timeout", 0.05, 600.0), args.otlp_ca,
+                             args.otlp_client_cert, args.otlp_client_key)
+
+
 def cmd_daemon(args: argparse.Namespace) -> int:
-    host, port = parse_listen(args.listen)
+    otlp_options = _otlp_options(args)
+    host, port = parse_listen(args.listen) if args.listen != "off" else (None, None)
     selection = FlowSelection.parse(args.flows)
     grace = parse_duration(args.grace, "--grace", 0.0, 3600.0)
     if not 1 <= args.max_connections <= 10_000:
@@ -185,8 +198,11 @@ def cmd_daemon(args: argparse.Namespace) -> int:
                                   attributor if labels.needs_cgroups else None)
         registry = CollectorRegistry()
         registry.register(collector)
+        push = OtlpPush(otlp_options, collector.collect) if otlp_options else None
+        if push:
+            registry.register(push.stats)
         live = None
-        if not args.no_live:
+        if not args.no_live and port is not None:
             # the page's table names the process and the pod or cgroup as `ccscope flows` does: with the daemon's
             # cgroup resolver, else with one of its own where cgroup v2 is there, which takes no inotify watches
             # (the labels were not asked for; a display can rescan on a miss)
@@ -194,17 +210,18 @@ def cmd_daemon(args: argparse.Namespace) -> int:
             live = _live_page(probe, flow_filter, options.sample_interval_ns, page_attributor,
                               own_attributor=attributor is None, grace_s=grace)
         try:
-            limits = Limits(max_connections=args.max_connections)
-            server = serve_page(live[0], registry, host, port, limits=limits, tls=tls, auth=auth,
-                                extra_headers=headers) if live else \
-                MetricsServer(registry, host, port, tls=tls, auth=auth, limits=limits, extra_headers=headers)
+            server = _metrics_server(args, registry, live, host, port, tls, auth, headers)
         except BaseException:
             _close_live(live)
+            if push:
+                push.close()
             raise
         scheme = "https" if tls else "http"
         page = f"live page {scheme}://{args.listen}/, " if live else ""
-        print(f"ccscope {__version__}: serving {page}{scheme}://{args.listen}/metrics "
-              f"(flows {args.flows}); Ctrl-C to stop", file=sys.stderr, flush=True)
+        serving = [f"{page}{scheme}://{args.listen}/metrics"] if server else []
+        serving += [f"OTLP to {otlp_options.endpoint} every {args.otlp_interval}"] if otlp_options else []
+        print(f"ccscope {__version__}: serving {' and '.join(serving)} (flows {args.flows}); Ctrl-C to stop",
+              file=sys.stderr, flush=True)
         # Everything alive now (the imported libraries, the probe, the server) lives as long as the daemon: out of
         # the collector's sight, a full collection walks only what scrapes leave behind. Without this, one took
         # ~16 ms every ~2 s under scraping, the tail of the endpoint's latency.
@@ -222,11 +239,25 @@ def cmd_daemon(args: argparse.Namespace) -> int:
         finally:
             if live:
                 live[0].hub.close()  # the pages' last updates and bye, which the server's close lets them write
-            server.close()  # stops accepting; a scrape already running may still be reading the probe
+            if server:
+                server.close()  # stops accepting; a scrape already running may still be reading the probe
+            if push:
+                push.close()  # one last push, bounded by --otlp-timeout
             collector.close()
             _close_live(live)
     print("ccscope: detached", file=sys.stderr)
     return 0
+
+
+def _metrics_server(args: argparse.Namespace, registry: CollectorRegistry, live, host: str | None, port: int | None,
+                    tls, auth, headers):
+    """The page and /metrics, /metrics alone (--no-live), or nothing (--listen off, OTLP only)."""
+    if port is None:
+        return None
+    limits = Limits(max_connections=args.max_connections)
+    if live:
+        return serve_page(live[0], registry, host, port, limits=limits, tls=tls, auth=auth, extra_headers=headers)
+    return MetricsServer(registry, host, port, tls=tls, auth=auth, limits=limits, extra_headers=headers)
 
 
 def _live_page(probe, flow_filter: FlowFilter, sample_interval_ns: int, attributor: Attributor | None,
@@ -425,7 +456,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     daemon = sub.add_parser("daemon", help="export per-flow and host TCP telemetry to Prometheus")
-    daemon.add_argument("--listen", default=DEFAULT_LISTEN, help=f"HOST:PORT (default {DEFAULT_LISTEN})")
+    daemon.add_argument("--listen", default=DEFAULT_LISTEN,
+                        help=f"HOST:PORT (default {DEFAULT_LISTEN}), or off to push over --otlp only")
     daemon.add_argument("--flows", default="top:50",
                         help="per-flow series for top:N flows by bytes, all, or none (default top:50)")
     daemon.add_argument("--grace", default="10s", help="keep closed flows' series this long (default 10s)")
@@ -446,6 +478,17 @@ def build_parser() -> argparse.ArgumentParser:
     daemon.add_argument("--max-cgroups", type=int, default=ProbeOptions.max_cgroups, metavar="N",
                         help="cgroups with their own host aggregates; the rest are counted as \"other\" "
                              f"(default {ProbeOptions.max_cgroups})")
+    otlp = daemon.add_argument_group("OTLP push (needs the otlp extra: pip install 'ccscope[otlp]')")
+    otlp.add_argument("--otlp", metavar="URL",
+                      help="also push the series over OTLP/HTTP to this metrics URL, e.g. "
+                           "http://127.0.0.1:4318/v1/metrics or Prometheus 3's .../api/v1/otlp/v1/metrics")
+    otlp.add_argument("--otlp-header", action="append", metavar="NAME=VALUE",
+                      help="a request header, e.g. Authorization=Bearer ... (repeatable)")
+    otlp.add_argument("--otlp-interval", default="10s", help="push interval (default 10s)")
+    otlp.add_argument("--otlp-timeout", default="5s", help="give up on one push after this (default 5s)")
+    otlp.add_argument("--otlp-ca", metavar="FILE", help="CA certificates (PEM) to trust for an https URL")
+    otlp.add_argument("--otlp-client-cert", metavar="FILE", help="client certificate (PEM) for mutual TLS")
+    otlp.add_argument("--otlp-client-key", metavar="FILE", help="its private key (PEM)")
     _add_probe_flags(daemon)
     _add_filters(daemon)
     daemon.set_defaults(func=cmd_daemon)

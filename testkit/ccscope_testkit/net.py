@@ -238,8 +238,8 @@ class Daemon:
     `tls` is the client side (trusting the daemon's certificate) when the daemon serves HTTPS. Warning lines the
     daemon prints before it serves are kept in `warnings`."""
 
-    def __init__(self, *args: str, tls: ssl.SSLContext | None = None) -> None:
-        self.port = free_port()
+    def __init__(self, *args: str, tls: ssl.SSLContext | None = None, port: int | None = None) -> None:
+        self.port = port or free_port()
         self.tls = tls
         self.proc = subprocess.Popen([*CCSCOPE, "daemon", "--listen", f"127.0.0.1:{self.port}", *args],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT)
@@ -290,8 +290,8 @@ class Daemon:
 
 
 @contextlib.contextmanager
-def daemon(*args: str, tls: ssl.SSLContext | None = None) -> Iterator[Daemon]:
-    running = Daemon(*args, tls=tls)
+def daemon(*args: str, tls: ssl.SSLContext | None = None, port: int | None = None) -> Iterator[Daemon]:
+    running = Daemon(*args, tls=tls, port=port)
     try:
         yield running
     finally:
