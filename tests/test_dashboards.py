@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ccscope_testkit import prometheus3
 from ccscope_testkit.cgroups import Tree, cgroup_tree, kubepods_systemd, pod_logs
 from ccscope_testkit.net import free_port, stop_process
 from ccscope_testkit.prereqs import ROOT, require, require_bpf_object, require_root, require_tools
@@ -150,6 +151,7 @@ def _wait(what: str, predicate, timeout: float = 20.0) -> None:
 @dataclass
 class Stack:
     prom: str
+    version: str  # of Prometheus: Debian's 2.42, or a current 3.x that also receives the daemon's OTLP push
     daemon_url: str
     scenario_url: str
     start: float = 0.0
@@ -215,13 +217,16 @@ POD = {"namespace": "shop", "pod": "loadgen-5c7d", "pod_uid": "0b7e2a1c-3d4f-4a5
        "container": "c0ffee" * 10 + "abcd"}
 
 
-@pytest.fixture(scope="module")
-def stack():
+@pytest.fixture(scope="module", params=["2.42", "3"])
+def stack(request):
     require_root()
-    require_tools("prometheus", "iperf3", "ip", "tc")
+    require_tools("iperf3", "ip", "tc")
     require_bpf_object()
     require(Path("/sys/kernel/btf/vmlinux").is_file(), "no kernel BTF")
-    tag = f"{os.getpid() % 100000}"
+    if request.param == "2.42":
+        require_tools("prometheus")
+    prometheus = "prometheus" if request.param == "2.42" else str(prometheus3.binary())
+    tag = f"{os.getpid() % 100000}{request.param[0]}"
     ns_a, ns_r, ns_b = (f"ccsdash{tag}{x}" for x in "arb")
     tmp = Path(tempfile.mkdtemp(prefix="ccscope-dash-"))
     procs: list[subprocess.Popen] = []
@@ -252,18 +257,23 @@ def stack():
         inodes = {os.stat(f"/run/netns/{ns}").st_ino for ns in (ns_a, ns_b)}
 
         daemon_port, scenario_port, prom_port = free_port(), free_port(), free_port()
-        st = Stack(f"http://127.0.0.1:{prom_port}", f"http://127.0.0.1:{daemon_port}/metrics",
+        # Prometheus 3 also receives the same daemon's series over OTLP (test_pushed_series_agree_with_scraped)
+        push = [] if request.param == "2.42" else ["--otlp", f"http://127.0.0.1:{prom_port}/api/v1/otlp/v1/metrics",
+                                                   "--otlp-interval", "1s", "--otlp-timeout", "0.8s"]
+        st = Stack(f"http://127.0.0.1:{prom_port}", request.param, f"http://127.0.0.1:{daemon_port}/metrics",
                    f"http://127.0.0.1:{scenario_port}/metrics", sender_netns=str(os.stat(f"/run/netns/{ns_a}").st_ino))
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "ccscope.cli", "daemon", "--listen", f"127.0.0.1:{daemon_port}",
-             "--flows", "top:50", "--grace", "10s", "--labels", "comm,cgroup,container,pod", "--pod-logs", str(logs)],
+             "--flows", "top:50", "--grace", "10s", "--labels", "comm,cgroup,container,pod", "--pod-logs", str(logs),
+             *push],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
         exporter = ScenarioExporter(inodes, scenario_port)
         (tmp / "prometheus.yml").write_text(PROM_CONFIG.format(
             rules=json.dumps([str(r) for r in RULES]), daemon=daemon_port, scenario=scenario_port))
         procs.append(subprocess.Popen(
-            ["prometheus", f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
-             f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"],
+            [prometheus, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
+             f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn",
+             *(["--web.enable-otlp-receiver"] if push else [])],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         procs.append(subprocess.Popen(["ip", "netns", "exec", ns_b, "iperf3", "-s", "-B", "198.51.100.2"],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
@@ -310,6 +320,21 @@ def test_the_flow_saw_losses(stack: Stack):
     cubic = stack.iperf[0]["end"]["sum_sent"]
     assert cubic["retransmits"] > 0
     assert stack.iperf[1]["end"].get("sender_tcp_congestion", "bbr") == "bbr"
+
+
+def test_pushed_series_agree_with_scraped(stack: Stack):
+    """In Prometheus 3, the daemon's OTLP push and its /metrics agree: for every sender flow of the cubic
+    unit, the bytes it had acknowledged when it closed (held for --grace), and the algorithm."""
+    if stack.version == "2.42":
+        pytest.skip("Prometheus 2.42 has no OTLP receiver; the 3.x stack checks the push")
+    at = stack.events["bbr"]  # the cubic unit's flows closed 2 s before, their series still held
+    where = f'netns="{stack.sender_netns}"'
+    scraped = {r["metric"]["sport"]: float(r["value"][1]) for r in stack.query(
+        f'max_over_time(ccscope_flow_bytes_acked_total{{job="ccscope",{where},cc="cubic"}}[15s])', at)}
+    pushed = {r["metric"]["network_local_port"]: float(r["value"][1]) for r in stack.query(
+        f'max_over_time(system_network_tcp_acked_bytes_total{{ccscope_{where},'
+        'network_tcp_congestion_control="cubic"}[15s])', at)}
+    assert scraped and pushed == scraped
 
 
 # --- Grafana emulation -----------------------------------------------------------------------------------
