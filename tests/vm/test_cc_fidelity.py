@@ -50,12 +50,6 @@ def test_native_and_bpf_both_ran_as_recorded(fidelity) -> None:
         assert all(f["algorithm_ok"] and f["algorithm_kernel"] == run["algorithms"] for f in run["flows"])
 
 
-# Open: on the clean path BPF Westwood+ reached 23% more goodput (1.70-1.78 vs 1.41-1.42 Mbit/s) and 12% lower
-# mean srtt than tcp_westwood in the last lab run (docs/congestion-control.md), beyond the repetitions' spread.
-# Until explained, that one cell is reported as an expected failure (it still runs, and passes if they agree).
-OPEN = {("westwood", "clean"): "BPF Westwood+ differs from tcp_westwood on the clean path (open, see docs)"}
-
-
 @pytest.mark.parametrize("profile", ["clean", "lossy"])
 @pytest.mark.parametrize(("native", "bpf"), PAIRS)
 def test_goodput_and_srtt_agree(fidelity, profile: str, native: str, bpf: str) -> None:
@@ -70,8 +64,6 @@ def test_goodput_and_srtt_agree(fidelity, profile: str, native: str, bpf: str) -
         tolerance = max(0.05 * statistics.median(a), max(a) - min(a), max(b) - min(b))
         if abs(statistics.median(b) - statistics.median(a)) > tolerance:
             problems.append(f"{profile} {what}: {native} {sorted(a)}, {bpf} {sorted(b)}")
-    if problems and (native, profile) in OPEN:
-        pytest.xfail(f"{OPEN[native, profile]}: {problems}")
     assert not problems, problems
 
 
