@@ -1,11 +1,11 @@
 """OTLP/HTTP push of the daemon's per-flow and host series (`ccscope daemon --otlp URL`).
 
 The series are the Prometheus collector's (exporter.FlowCollector): every push interval one collection (the
-same top-N flows and cardinality bounds as a scrape) is sent under OpenTelemetry names. INSTRUMENTS is the mapping, documented in
-docs/monitoring.md: semantic conventions where they exist (`network.*` attributes, `network.io.direction`),
-OpenTelemetry semconv issue #3682's proposed `system.network.tcp.*` namespace for the per-flow values, gRPC
-A80's meaning for min_rtt and delivery rate, and `ccscope.*` for what no convention covers (host
-aggregates by algorithm).
+same top-N flows and cardinality bounds as a scrape) is sent under OpenTelemetry names. INSTRUMENTS is the
+mapping, documented in docs/monitoring.md: semantic conventions where they exist (`network.*` attributes,
+`network.io.direction`), OpenTelemetry semconv issue #3682's proposed `system.network.tcp.*` namespace for
+the per-flow values, gRPC A80's meaning for min_rtt and delivery rate, and `ccscope.*` for what no
+convention covers (host aggregates by algorithm).
 
 Bounded: each push is built from the current collection alone, as a scrape is (the SDK's exporter and its
 data classes, not its aggregating meter provider, which keeps every attribute set it ever saw: with
