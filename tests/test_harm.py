@@ -51,6 +51,10 @@ def test_convergence_time() -> None:
     still_moving = {"bbr": [0.5] * 17 + [0.9] * 3, "cubic": [0.5] * 17 + [0.1] * 3}
     assert harm.convergence_time(times, still_moving) is None
     assert harm.convergence_time(times[:3], {"a": [1, 1, 1]}) is None
+    # a small share that wobbles by more than 10 % of itself has still settled: the band is in share points
+    small = {"bbr": [0.23, 0.16] + [0.05, 0.08, 0.03, 0.07] * 4 + [0.06, 0.05],
+             "cubic": [0.77, 0.84] + [0.95, 0.92, 0.97, 0.93] * 4 + [0.94, 0.95]}
+    assert harm.convergence_time(times, small) == 2.0  # final 0.0525: 0.23 and 0.16 are 0.18 and 0.11 off
 
 
 def test_per_algorithm_shares_in_a_competing_run() -> None:

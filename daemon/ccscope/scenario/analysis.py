@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -115,10 +116,36 @@ def apply_common_window(record: dict, t0: float, flows: list[tuple[dict, object 
             f["goodput_common_bps"] = window_goodput([x.t for x in s.samples], [x.bytes_acked for x in s.samples],
                                                      window)
     rates = [f["goodput_common_bps"] for f, _ in flows if f["goodput_common_bps"] is not None]
+    record["convergence_s"] = share_convergence(flows, window)
     record["jain"] = jain(rates)
     record["window_s"] = None if window is None else [round(window[0] - t0, 4), round(window[1] - t0, 4)]
     record["goodput_bps"] = sum(rates) if rates else None
     return window
+
+
+CONVERGENCE_BIN_S = 1.0  # shares are taken over 1 s bins: several RTTs, and CUBIC's sawtooth averages out
+
+
+def share_convergence(flows: list[tuple[dict, object | None]], window: tuple[float, float] | None,
+                      bin_s: float = CONVERGENCE_BIN_S) -> float | None:
+    """A competing set's convergence time (harm.convergence_time) over the run's common window: each
+    algorithm's share of the bytes acknowledged in every bin_s bin; None for one algorithm or too short a window."""
+    by_alg: dict[str, list] = {}
+    for f, s in flows:
+        if s is not None and window is not None:
+            by_alg.setdefault(f["algorithm"], []).append(s)
+    bins = int((window[1] - window[0]) // bin_s) if window else 0
+    if len(by_alg) < 2 or bins < 5:
+        return None
+    edges = [window[0] + i * bin_s for i in range(bins + 1)]
+    acked = {alg: [sum(interpolate([x.t for x in s.samples], [x.bytes_acked for x in s.samples], e) for s in series)
+                   for e in edges] for alg, series in by_alg.items()}
+    per_bin = {alg: [b - a for a, b in itertools.pairwise(values)] for alg, values in acked.items()}
+    totals = [sum(col) for col in zip(*per_bin.values(), strict=True)]
+    if any(t <= 0 for t in totals):  # a bin in which nothing was acknowledged: no share to speak of
+        return None
+    shares = {alg: [x / t for x, t in zip(values, totals, strict=True)] for alg, values in per_bin.items()}
+    return harm.convergence_time([e - window[0] for e in edges[:-1]], shares)
 
 
 def jain(values: Sequence[float]) -> float | None:
@@ -250,6 +277,7 @@ def _add_harm(rows: list[dict], groups: dict[tuple[str, str, str], list[tuple[di
             continue
         items = groups[(row["profile"], row["algorithms"], row["algorithm"])]
         row["share"] = mean_ci95([per.get("share") for _, per in items])
+        row["convergence_s"] = mean_ci95([run.get("convergence_s") for run, _ in items])
         base = solo.get((row["profile"], row["algorithm"]))
         if base is None:
             continue

@@ -24,3 +24,22 @@ def bbr_share(rate_bps: float, rtt_s: float, buffer_bdp: float, bbr_flows: int =
     q = buffer_bdp * c * rtt_s          # buffer in packets
     p = max(0.0, 0.5 - 1 / (2 * buffer_bdp) - 4 * bbr_flows / q)
     return (1 - p) * (1 - (q / c + 0.2 + rtt_s) / 10)
+
+
+# Models a scenario's `expected: {share: {ALG: NAME}}` may name; each takes the profile's path and the set.
+SHARE_MODELS = ("ware2019",)
+
+
+def expected_share(definition: dict, profile: dict, profile_name: str, mix: list[str], algorithm: str) -> float | None:
+    """What the scenario's `expected` says `algorithm`'s share of the set `mix` is on a profile (an entry of
+    results.json's `profiles`); None when it says nothing or the model cannot apply (a real path, no queue)."""
+    declared = ((definition.get("expected") or {}).get("share") or {}).get(algorithm)
+    if isinstance(declared, dict):
+        value = declared.get(profile_name)
+        return float(value) if isinstance(value, int | float) else None
+    if declared != "ware2019" or algorithm not in mix:
+        return None
+    rate, rtt, bdp, queue = (profile.get(k) for k in ("up_rate_bps", "base_rtt_s", "bdp_bytes", "queue_bytes"))
+    if not all(isinstance(v, int | float) and v > 0 for v in (rate, rtt, bdp, queue)):
+        return None
+    return bbr_share(rate, rtt, queue / bdp, bbr_flows=mix.count(algorithm))

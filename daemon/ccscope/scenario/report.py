@@ -18,7 +18,7 @@ import matplotlib
 from ccscope.errors import UsageError
 from ccscope.units import format_bytes
 
-from . import confined
+from . import confined, models
 from .results import csv_rows, planned
 from .store import write_atomic
 
@@ -255,6 +255,100 @@ def plot_loss(directory: Sink, doc: dict) -> str | None:
     return _save(fig, directory, "loss.png")
 
 
+def _buffer_bdp(doc: dict, profile: str) -> float | None:
+    p = doc["profiles"][profile]
+    queue, bdp = p.get("queue_bytes"), p.get("bdp_bytes")
+    return queue / bdp if isinstance(queue, int | float) and isinstance(bdp, int | float) and bdp > 0 else None
+
+
+def _competing_rows(doc: dict) -> list[dict]:
+    return [r for r in doc["summary"] if "+" in r["algorithms"] and (r.get("share") or {}).get("mean") is not None]
+
+
+def plot_shares(directory: Sink, doc: dict) -> str | None:
+    """Each algorithm's share of its competing set against the buffer size (in BDPs), mean ± 95 % CI over
+    runs, with what the scenario's `expected` says beside it: a model's curve, or a paper's numbers."""
+    rows = [r for r in _competing_rows(doc) if _buffer_bdp(doc, r["profile"]) is not None]
+    profiles = {r["profile"] for r in rows}
+    if len(profiles) < 2:  # a share against the buffer needs more than one buffer
+        return None
+    definition = doc["scenario"]["definition"]
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    for i, (mix, alg) in enumerate(dict.fromkeys((r["algorithms"], r["algorithm"]) for r in rows)):
+        mine = sorted((r for r in rows if (r["algorithms"], r["algorithm"]) == (mix, alg)),
+                      key=lambda r: _buffer_bdp(doc, r["profile"]))
+        xs = [_buffer_bdp(doc, r["profile"]) for r in mine]
+        ax.errorbar(xs, [r["share"]["mean"] for r in mine], yerr=[r["share"]["ci95"] or 0 for r in mine],
+                    fmt=MARKERS[i % len(MARKERS)] + "-", color=color(alg), capsize=4, ms=7, mec="black", mew=0.5,
+                    label=f"{alg} in {mix} (measured)")
+        expected = [(x, models.expected_share(definition, doc["profiles"][r["profile"]], r["profile"],
+                                              mix.split("+"), alg)) for x, r in zip(xs, mine, strict=True)]
+        expected = [(x, e) for x, e in expected if e is not None]
+        if not expected:
+            continue
+        curve = _model_curve(doc, definition, mine[0], mix, alg, xs)
+        if curve:
+            ax.plot(*curve, color=color(alg), ls="--", lw=1.2, label=f"{alg}: model ({_model_name(definition, alg)})")
+        else:
+            ax.plot(*zip(*expected, strict=True), "x", color=color(alg), ms=9, mew=2, label=f"{alg}: expected")
+    ax.set_xscale("log", base=2)
+    buffers = sorted({_buffer_bdp(doc, r["profile"]) for r in rows})
+    ax.set_xticks(buffers, [f"{b:g}" for b in buffers])  # plain numbers (mathtext is off in the report)
+    ax.minorticks_off()
+    ax.set_xlabel("bottleneck buffer (BDPs, log scale)")
+    ax.set_ylabel("share of the set's goodput")
+    ax.set_ylim(0, 1)
+    ax.axhline(0.5, color="gray", lw=0.8, ls=":")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    runs = doc["runs_per_unit"]
+    ax.set_title(f"{doc['scenario']['name']}: who wins, by buffer size\n"
+                 f"{'mean ± 95% CI over ' + str(runs) + ' runs' if runs > 1 else '1 run, no interval'}", fontsize=10)
+    fig.tight_layout()
+    return _save(fig, directory, "shares.png")
+
+
+def _model_name(definition: dict, alg: str) -> str:
+    return str(((definition.get("expected") or {}).get("share") or {}).get(alg))
+
+
+def _model_curve(doc: dict, definition: dict, row: dict, mix: str, alg: str, xs: list[float]):
+    """A model's curve over the buffer range, when every profile has the same rate and RTT (a buffer sweep)."""
+    if _model_name(definition, alg) not in models.SHARE_MODELS:
+        return None
+    paths = {(doc["profiles"][r]["up_rate_bps"], doc["profiles"][r]["base_rtt_s"]) for r in doc["profiles"]}
+    if len(paths) != 1:
+        return None
+    (rate, rtt), = paths
+    grid = [min(xs) * (max(xs) / min(xs)) ** (i / 60) for i in range(61)]
+    return grid, [models.bbr_share(rate, rtt, x, mix.split("+").count(alg)) for x in grid]
+
+
+def plot_harm(directory: Sink, doc: dict) -> str | None:
+    """The harm matrix: for each algorithm in each competing set (rows) and profile (columns), the throughput
+    harm against the same algorithm alone on that profile (Ware et al.: 0 none, 1 starved, < 0 gained)."""
+    rows = [r for r in doc["summary"] if (r.get("harm") or {}).get("throughput", {}).get("mean") is not None]
+    if not rows:
+        return None
+    profiles = [p for p in _profiles(doc) if any(r["profile"] == p for r in rows)]
+    who = list(dict.fromkeys(f"{r['algorithm']} in {r['algorithms']}" for r in rows))
+    cells = {(f"{r['algorithm']} in {r['algorithms']}", r["profile"]): r["harm"]["throughput"]["mean"] for r in rows}
+    grid = [[cells.get((w, p), math.nan) for p in profiles] for w in who]
+    fig, ax = plt.subplots(figsize=(1.3 * len(profiles) + 3.5, 0.6 * len(who) + 1.8))
+    image = ax.imshow(grid, cmap="RdYlGn_r", vmin=-1, vmax=1, aspect="auto")
+    for i, line in enumerate(grid):
+        for j, value in enumerate(line):
+            if not math.isnan(value):
+                ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=8)
+    ax.set_xticks(range(len(profiles)), profiles, fontsize=8, rotation=30, ha="right")
+    ax.set_yticks(range(len(who)), who, fontsize=8)
+    fig.colorbar(image, ax=ax, label="throughput harm")
+    ax.set_xlabel("(solo - shared) / solo: 0 none, 1 starved, < 0 gained", fontsize=8)
+    ax.set_title(f"{doc['scenario']['name']}: who is hurt, against running alone", fontsize=10)
+    fig.tight_layout()
+    return _save(fig, directory, "harm.png")
+
+
 def plot_downloads(directory: Sink, doc: dict) -> str | None:
     if not any(r["downloads"] for r in doc["runs"]):
         return None
@@ -357,6 +451,10 @@ COLUMNS = (("profile", lambda r: r["profile"]),
            ("retrans %", lambda r: _ci(r["retransmit_ratio"], pct=True)),
            ("link drop %", lambda r: _ci(r["link_drop_ratio"], pct=True)),
            ("jain", lambda r: _ci(r["jain"], digits=3)),
+           ("share", lambda r: _ci(r["share"], digits=2) if r.get("share") else "-"),
+           ("converged s", lambda r: _ci(r["convergence_s"], digits=1) if r.get("convergence_s") else "-"),
+           ("harm tput", lambda r: _ci(r["harm"]["throughput"], digits=2) if r.get("harm") else "-"),
+           ("harm p95 RTT", lambda r: _ci(r["harm"]["srtt_p95"], digits=2) if r.get("harm") else "-"),
            ("downloads done/total median", _downloads_cell),
            ("cc ok", lambda r: "yes" if r["algorithm_ok"] else "NO"))
 
@@ -415,7 +513,7 @@ def render(directory: Path, doc: dict, series: Series | None = None) -> Path:
     plots = _draw_plots(images, doc, load_series(directory, doc) if series is None else series)
     _write_plots(directory, images)
     sections = (_html_header(doc), _html_incomplete(directory, doc), _html_mixed(doc), _html_problems(doc),
-                _html_summary(doc),
+                _html_summary(doc), _html_expected(doc),
                 _html_real(doc), _html_plots(plots), _html_profiles(doc), _html_runs(doc), _html_downloads(doc),
                 _html_environment(doc), _html_hosts(doc), _html_footer(doc))
     path = directory / "report.html"
@@ -430,7 +528,8 @@ def _draw_plots(directory: Sink, doc: dict, series: Series) -> list[str]:
                         "throughput.png", "throughput"),
         plot_timeseries(directory, doc, series, "srtt_ms", "RTT (ms): srtt lines, ping dots", "rtt.png", "RTT",
                         with_ping=True),
-        plot_tradeoff(directory, doc), plot_loss(directory, doc), plot_downloads(directory, doc)) if p]
+        plot_tradeoff(directory, doc), plot_shares(directory, doc), plot_harm(directory, doc),
+        plot_loss(directory, doc), plot_downloads(directory, doc)) if p]
 
 
 def _html_header(doc: dict) -> str:
@@ -517,6 +616,26 @@ def _html_summary(doc: dict) -> str:
         "<p>Goodput: bytes acknowledged over each flow's active window after the warm-up. srtt: the "
         "kernel's smoothed RTT sampled by ccscope's BPF probe. ± is the 95% confidence interval (Student t) "
         "over runs. Definitions: docs/scenarios.md.</p>"])
+
+
+def _html_expected(doc: dict) -> str:
+    """Measured against what the scenario's `expected` declares (a model or a paper's numbers)."""
+    definition = doc["scenario"]["definition"]
+    rows = []
+    for r in _competing_rows(doc):
+        want = models.expected_share(definition, doc["profiles"][r["profile"]], r["profile"],
+                                     r["algorithms"].split("+"), r["algorithm"])
+        if want is not None:
+            got = r["share"]["mean"]
+            rows.append([r["profile"], f"{r['algorithm']} in {r['algorithms']}", _ci(r["share"]),
+                         f"{want:.2f} ({_model_name(definition, r['algorithm'])})", f"{got - want:+.2f}"])
+    if not rows:
+        return ""
+    return ("<h2>Measured against expected</h2>" + _table(
+        ["profile", "algorithm", "measured share", "expected", "difference"], rows, numeric_from=2) +
+        "<p>Share: the algorithm's part of its set's goodput over the run's common window. ware2019: BBRv1 against "
+        "loss-based flows (Ware et al., IMC 2019), from the profile's rate, base RTT and buffer; it assumes a full "
+        "buffer and flows that have converged. Definitions and sources: docs/scenarios.md.</p>")
 
 
 def _html_real(doc: dict) -> str:

@@ -79,6 +79,7 @@ _RUN = {"type": "object",
             # the link's own egress rate over it
             "window_s": {"type": ["array", "null"], "items": {"type": "number"}},
             "goodput_bps": {"type": NUM}, "link_window_bps": {"type": NUM},
+            "convergence_s": {"type": NUM},  # optional: a competing set's (analysis.share_convergence)
             "errors": {"type": "array", "items": {"type": "string"}}}}
 _ROW = {"type": "object",
         "required": ["profile", "algorithms", "algorithm", "runs", "goodput_bps", "srtt_mean_ms", "srtt_median_ms",
@@ -89,7 +90,7 @@ _ROW = {"type": "object",
                        "ping_median_ms": _CI, "ping_p95_ms": _CI, "retransmit_ratio": _CI, "link_drop_ratio": _CI,
                        "jain": _CI, "algorithm_ok": {"type": "boolean"},
                        # competing sets only: the share, and harm against the same algorithm run alone (if run)
-                       "share": _CI, "harm": {"type": "object", "properties": {
+                       "share": _CI, "convergence_s": _CI, "harm": {"type": "object", "properties": {
                            "throughput": _CI, "srtt_p95": _CI, "retransmit_ratio": _CI,
                            "solo_runs": {"type": "integer"}}},
                        "downloads": {"type": "object", "required": ["total", "complete", "by_size"],
@@ -103,7 +104,7 @@ _ROW = {"type": "object",
 _PROFILE = {"type": "object", "required": ["description", "base_rtt_s", "bdp_bytes", "up_rate_bps"],
             # a real path has no configured RTT or rate (null) and says where it goes in `real`
             "properties": {"description": _TEXT, "base_rtt_s": {"type": NUM}, "bdp_bytes": {"type": NUM},
-                           "real": {"type": "object"},
+                           "real": {"type": "object"}, "queue_bytes": {"type": NUM},  # optional: up's queue
                            "up_rate_bps": {"type": NUM}, "down_rate_bps": {"type": NUM}}}
 _IMPLEMENTATION = {"type": "object", "required": ["name", "implementation", "display"],
                    "properties": {"name": _ALG, "implementation": {"enum": ["kernel", "bpf"]},
@@ -259,7 +260,8 @@ def _profile_entry(p) -> dict:
         return {"description": p.describe(), "base_rtt_s": None, "bdp_bytes": None, "up_rate_bps": None,
                 "down_rate_bps": None, "real": p.as_dict()}
     return {"description": p.describe(), "base_rtt_s": p.base_rtt_s, "bdp_bytes": p.bdp_bytes,
-            "up_rate_bps": p.up.effective_rate_bps(), "down_rate_bps": p.down.effective_rate_bps()}
+            "up_rate_bps": p.up.effective_rate_bps(), "down_rate_bps": p.down.effective_rate_bps(),
+            "queue_bytes": p.up.queue_bytes(p.base_rtt_s)}
 
 
 def new_run(unit, position: int) -> dict:

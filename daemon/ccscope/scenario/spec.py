@@ -21,10 +21,11 @@ from ccscope.emulation.profile import PathProfile, check_text
 from ccscope.errors import UsageError
 from ccscope.units import parse_duration, parse_size
 
-from . import realpath
+from . import models, realpath
 
 TOP_KEYS = ("name", "description", "algorithms", "optional_algorithms", "duration", "warmup", "runs", "seed",
-            "sample_interval", "profiles", "traffic", "quick")
+            "sample_interval", "profiles", "traffic", "expected", "quick")
+EXPECTED_KINDS = ("share",)  # expected: {share: {ALG: MODEL or {PROFILE: number}}}
 TRAFFIC_KEYS = ("bulk", "ping", "downloads")
 BULK_KEYS = ("flows", "stagger")
 PING_KEYS = ("interval",)
@@ -260,9 +261,40 @@ def _build(data: dict, where: str, source: str) -> Scenario:
     seed = _int(data.get("seed", 1), f"{where}: seed", 0, 2**32 - 1)
     interval = parse_duration(data.get("sample_interval", "10ms"), f"{where}: sample_interval", 0.001, 1.0)
     profiles = _profiles(data.get("profiles"), where)
+    _expected(data.get("expected"), where, profiles, mixes)
     return Scenario(name=name, description=description.strip(), source=source, profiles=profiles,
                     algorithms=tuple(mixes), optional_algorithms=frozenset(optional), duration_s=duration,
                     warmup_s=warmup, runs=runs, seed=seed, sample_interval_s=interval, traffic=traffic, raw=data)
+
+
+def _expected(raw: Any, where: str, profiles: dict, mixes: list[tuple[str, ...]]) -> None:
+    """`expected: {share: {ALG: MODEL | {PROFILE: number}}}`: what a model or a paper says an algorithm's share
+    of a competing set is, shown in the report beside the measurement (models.py, docs/scenarios.md)."""
+    if raw is None:
+        return
+    if not isinstance(raw, dict) or not raw:
+        raise UsageError(f"{where}: expected: a mapping such as {{share: {{bbr: ware2019}}}}, got {raw!r}")
+    _known(raw, EXPECTED_KINDS, where, "expected")
+    shares = raw["share"]
+    if not isinstance(shares, dict) or not shares:
+        raise UsageError(f"{where}: expected.share: a mapping of algorithm to a model or per-profile numbers")
+    competing = {alg for mix in mixes if len(mix) > 1 for alg in mix}
+    for alg, value in shares.items():
+        at = f"{where}: expected.share.{safe_input.shown_key(alg)}"
+        if alg not in competing:
+            raise UsageError(f"{at}: {alg!r} is in no competing set of this scenario")
+        if isinstance(value, str):
+            if value not in models.SHARE_MODELS:
+                raise UsageError(f"{at}: unknown model {value!r} (known: {', '.join(models.SHARE_MODELS)})")
+            continue
+        if not isinstance(value, dict) or not value:
+            raise UsageError(f"{at}: a model name ({', '.join(models.SHARE_MODELS)}) or {{PROFILE: share}}")
+        for profile, number in value.items():
+            if profile not in profiles:
+                raise UsageError(f"{at}: {safe_input.shown_key(profile)} is not one of the profiles "
+                                 f"({', '.join(profiles)})")
+            if isinstance(number, bool) or not isinstance(number, int | float) or not 0 <= number <= 1:
+                raise UsageError(f"{at}.{profile}: a share between 0 and 1, got {number!r}")
 
 
 def _check_alg(alg: Any, where: str) -> str:
