@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""Generates the Grafana dashboards (Grafana 11, schemaVersion 39) from code.
+"""Generates the Grafana dashboards (Grafana 11.6, schemaVersion 41) with Grafana's typed builder.
 
 The committed JSON next to this file is what Grafana provisions; edit this file, then run
 `python3 dashboards/generate.py` to rewrite it (`--check` fails when the JSON is out of date; the tests
-run that). Standard library only, so it runs anywhere the tests run: no generator SDK to pin.
+run that). Panels, queries and variables come from grafana-foundation-sdk (Apache-2.0, a dev dependency,
+pinned in pyproject.toml), so a misspelt option is an AttributeError here, not a panel Grafana silently
+ignores. tests/test_dashboards.py holds every panel and query to tests/data/dashboard-inventory.json.
 
 Conventions every panel follows (tests/test_dashboards.py checks them):
 - the datasource is the `${datasource}` variable, on the panel and on each query;
@@ -16,10 +18,22 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
+try:
+    from grafana_foundation_sdk.builders import bargauge, common, prometheus, stat, statetimeline, table, timeseries
+    from grafana_foundation_sdk.builders import dashboard as db
+    from grafana_foundation_sdk.cog import builder as cogbuilder
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+    from grafana_foundation_sdk.models import common as cm
+    from grafana_foundation_sdk.models import dashboard as dm
+    from grafana_foundation_sdk.models import prometheus as pm
+except ImportError:
+    sys.exit("generate.py: needs grafana-foundation-sdk: run it with .venv/bin/python after tools/bootstrap --dev")
+
 HERE = Path(__file__).resolve().parent
-DS = {"type": "prometheus", "uid": "${datasource}"}
+DS = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
 TARGET = 'job=~"$job",instance=~"$instance"'
 # Workload labels exist with `ccscope daemon --labels ...pod,container`; without them "All" (.*) also matches
 # series that lack the label, so the dashboard works either way.
@@ -28,122 +42,117 @@ FLOW_SEL = TARGET + ',' + WORKLOAD_SEL + ',netns=~"$netns",cc=~"$cc",flow=~"$flo
 RUN_SEL = TARGET + ',scenario=~"$scenario",run=~"$run"'
 CA_STATES = ("open", "disorder", "cwr", "recovery", "loss")
 
+Panel = timeseries.Panel | stat.Panel | bargauge.Panel | statetimeline.Panel | table.Panel
+
 
 # --- building blocks ---------------------------------------------------------------------------------
 
 
-def target(expr: str, legend: str = "", ref: str = "A", instant: bool = False) -> dict:
-    return {"datasource": DS, "refId": ref, "expr": expr, "legendFormat": legend or "__auto",
-            "range": not instant, "instant": instant, "editorMode": "code"}
+def target(expr: str, legend: str = "", instant: bool = False) -> prometheus.Dataquery:
+    query = prometheus.Dataquery().expr(expr).legend_format(legend or "__auto").datasource(DS)
+    query = query.editor_mode(pm.QueryEditorMode.CODE)
+    return query.instant() if instant else query.range()
+
+
+def thresholds(steps: list[tuple[float, str]]) -> db.ThresholdsConfig:
+    base = [dm.Threshold(value=None, color="green")]
+    return db.ThresholdsConfig().mode(dm.ThresholdsMode.ABSOLUTE).steps(
+        base + [dm.Threshold(value=value, color=color) for value, color in steps])
+
+
+def common_panel(panel: Panel, title: str, description: str, unit: str, targets: list[prometheus.Dataquery],
+                 steps: list[tuple[float, str]]) -> Panel:
+    for letter, query in zip("ABCDEFGH", targets, strict=False):
+        query.ref_id(letter)
+    return (panel.title(title).description(description).datasource(DS).unit(unit).targets(targets)
+            .thresholds(thresholds(steps)))
+
+
+def ts(title: str, description: str, unit: str, *targets: prometheus.Dataquery,
+       steps: list[tuple[float, str]] | None = None) -> timeseries.Panel:
+    panel = (timeseries.Panel().draw_style(cm.GraphDrawStyle.LINE).line_width(1).fill_opacity(0)
+             .show_points(cm.VisibilityMode.NEVER).span_nulls(False)
+             .legend(common.VizLegendOptions().display_mode(cm.LegendDisplayMode.LIST)
+                     .placement(cm.LegendPlacement.BOTTOM).show_legend(True))
+             .tooltip(common.VizTooltipOptions().mode(cm.TooltipDisplayMode.MULTI).sort(cm.SortOrder.DESCENDING)))
+    if steps:
+        panel = panel.thresholds_style(common.GraphThresholdsStyleConfig().mode(cm.GraphThresholdsStyleMode.DASHED))
+    return common_panel(panel, title, description, unit, list(targets), steps or [])
+
+
+def last_value() -> common.ReduceDataOptions:
+    return common.ReduceDataOptions().calcs(["lastNotNull"]).fields("").values(False)
+
+
+def bar_summary(title: str, description: str, unit: str, query: prometheus.Dataquery) -> bargauge.Panel:
+    panel = (bargauge.Panel().reduce_options(last_value()).orientation(cm.VizOrientation.HORIZONTAL)
+             .display_mode(cm.BarGaugeDisplayMode.GRADIENT).show_unfilled(True))
+    return common_panel(panel, title, description, unit, [query], [])
 
 
 class Layout:
-    """Places panels left to right on Grafana's 24-column grid and hands out panel ids."""
+    """Collects rows and panels in order, sized on Grafana's 24-column grid, and hands out panel ids.
+
+    The dashboard builder places them left to right; ids count rows and panels from 1, as before."""
 
     def __init__(self) -> None:
-        self.panels: list[dict] = []
-        self.x = self.y = self.row_h = 0
+        self.items: list[db.Row | Panel] = []
 
     def row(self, title: str) -> None:
-        self._newline()
-        self.panels.append({"type": "row", "title": title, "collapsed": False, "panels": [],
-                            "id": len(self.panels) + 1, "gridPos": {"h": 1, "w": 24, "x": 0, "y": self.y}})
-        self.y += 1
+        self.items.append(db.Row(title).collapsed(False).id(len(self.items) + 1))
 
-    def add(self, panel: dict, w: int = 12, h: int = 8) -> None:
-        if self.x + w > 24:
-            self._newline()
-        panel["id"] = len(self.panels) + 1
-        panel["gridPos"] = {"h": h, "w": w, "x": self.x, "y": self.y}
-        self.panels.append(panel)
-        self.x += w
-        self.row_h = max(self.row_h, h)
+    def add(self, panel: Panel, w: int = 12, h: int = 8) -> None:
+        self.items.append(panel.id(len(self.items) + 1).span(w).height(h))
 
-    def _newline(self) -> None:
-        self.y += self.row_h
-        self.x = self.row_h = 0
-
-
-def panel(kind: str, title: str, description: str, unit: str, targets: list[dict], *,
-          decimals: int | None = None, mappings: list | None = None, thresholds: list | None = None,
-          options: dict | None = None, custom: dict | None = None) -> dict:
-    defaults: dict = {"unit": unit, "custom": custom or {}}
-    if decimals is not None:
-        defaults["decimals"] = decimals
-    if mappings:
-        defaults["mappings"] = mappings
-    steps = [{"color": "green", "value": None}] + [{"color": c, "value": v} for v, c in thresholds or []]
-    defaults["thresholds"] = {"mode": "absolute", "steps": steps}
-    if kind == "timeseries":
-        defaults["custom"] = {"drawStyle": "line", "lineWidth": 1, "fillOpacity": 0, "showPoints": "never",
-                              "spanNulls": False, **(custom or {})}
-        if thresholds:
-            defaults["custom"]["thresholdsStyle"] = {"mode": "dashed"}
-    result = {"type": kind, "title": title, "description": description, "datasource": DS,
-              "fieldConfig": {"defaults": defaults, "overrides": []}, "targets": targets,
-              "options": options or {}}
-    if kind == "timeseries" and not options:
-        result["options"] = {"legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
-                             "tooltip": {"mode": "multi", "sort": "desc"}}
-    return result
-
-
-def ts(title: str, description: str, unit: str, *targets: dict, **kw) -> dict:
-    return panel("timeseries", title, description, unit, list(targets), **kw)
-
-
-def refs(*targets: dict) -> list[dict]:
-    for letter, t in zip("ABCDEFGH", targets, strict=False):
-        t["refId"] = letter
-    return list(targets)
+    def place(self, dashboard: db.Dashboard) -> db.Dashboard:
+        for item in self.items:
+            dashboard = dashboard.with_row(item) if isinstance(item, db.Row) else dashboard.with_panel(item)
+        return dashboard
 
 
 def query_var(name: str, label: str, query: str, *, multi: bool = True, include_all: bool = True,
-              all_value: str | None = ".*", regex: str = "", sort: int = 1, hide: int = 0) -> dict:
-    var = {"type": "query", "name": name, "label": label, "datasource": DS, "definition": query,
-           "query": {"query": query, "refId": f"PrometheusVariableQueryEditor-{name}"},
-           "refresh": 2, "regex": regex, "sort": sort, "multi": multi, "includeAll": include_all,
-           "current": {}, "options": [], "hide": hide}
+              all_value: str | None = ".*", sort: dm.VariableSort = dm.VariableSort.ALPHABETICAL_ASC
+              ) -> db.QueryVariable:
+    var = (db.QueryVariable(name).label(label).datasource(DS)
+           .query({"query": query, "refId": f"PrometheusVariableQueryEditor-{name}"})
+           .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).regex("").sort(sort).multi(multi)
+           .include_all(include_all).hide(dm.VariableHide.DONT_HIDE))
     if include_all and all_value is not None:
-        var["allValue"] = all_value
+        var = var.all_value(all_value)
     return var
 
 
-def datasource_var() -> dict:
-    return {"type": "datasource", "name": "datasource", "label": "Data source", "query": "prometheus",
-            "current": {}, "options": [], "refresh": 1, "regex": "", "hide": 0, "multi": False,
-            "includeAll": False}
+def datasource_var() -> db.DatasourceVariable:
+    return (db.DatasourceVariable("datasource").label("Data source").type("prometheus").regex("").multi(False)
+            .include_all(False).hide(dm.VariableHide.DONT_HIDE))
 
 
-def job_instance_vars() -> list[dict]:
+def job_instance_vars() -> list[db.QueryVariable]:
     return [
         query_var("job", "Job", "label_values(ccscope_build_info, job)"),
         query_var("instance", "Instance", 'label_values(ccscope_build_info{job=~"$job"}, instance)'),
     ]
 
 
-def dashboard(uid: str, title: str, description: str, tags: list[str], variables: list[dict],
-              panels: list[dict], annotations: list[dict], time_from: str) -> dict:
-    builtin = {"builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"}, "enable": True,
-               "hide": True, "iconColor": "rgba(0, 211, 255, 1)", "name": "Annotations & Alerts",
-               "type": "dashboard"}
-    return {
-        "uid": uid, "title": title, "description": description, "tags": tags, "editable": True,
-        "schemaVersion": 39, "version": 1, "graphTooltip": 1, "refresh": "5s", "timezone": "browser",
-        "time": {"from": time_from, "to": "now"}, "timepicker": {}, "fiscalYearStartMonth": 0,
-        "liveNow": False, "weekStart": "",
-        "links": [{"type": "dashboards", "tags": ["ccscope"], "asDropdown": False, "title": "ccscope",
-                   "includeVars": True, "keepTime": True}],
-        "templating": {"list": variables},
-        "annotations": {"list": [builtin, *annotations]},
-        "panels": panels,
-    }
+def dashboard(uid: str, title: str, description: str, tags: list[str], time_from: str) -> db.Dashboard:
+    builtin = (db.AnnotationQuery().name("Annotations & Alerts").built_in(1).enable(True).hide(True)
+               .datasource(dm.DataSourceRef(type_val="grafana", uid="-- Grafana --"))
+               .icon_color("rgba(0, 211, 255, 1)").type("dashboard"))
+    link = (db.DashboardLink("ccscope").type(dm.DashboardLinkType.DASHBOARDS).tags(["ccscope"]).as_dropdown(False)
+            .include_vars(True).keep_time(True))
+    return (db.Dashboard(title).uid(uid).description(description).tags(tags).editable().version(1)
+            .tooltip(dm.DashboardCursorSync.CROSSHAIR).refresh("5s").timezone("browser").time(time_from, "now")
+            .fiscal_year_start_month(0).live_now(False).week_start("").link(link).annotation(builtin))
+
+
+def render(build: Callable[[], db.Dashboard]) -> str:
+    return json.dumps(build().build(), cls=JSONEncoder, indent=2, ensure_ascii=False) + "\n"
 
 
 # --- ccscope — live flows ------------------------------------------------------------------------------
 
 
-def live_flows() -> dict:
+def live_flows() -> db.Dashboard:
     lay = Layout()
     _host_panels(lay)
     _per_flow_panels(lay)
@@ -163,18 +172,20 @@ def live_flows() -> dict:
                  query_var("flow", "Flow",
                            f'label_values(ccscope_flow_cwnd_segments{{{TARGET},{WORKLOAD_SEL},netns=~"$netns",'
                            f'cc=~"$cc"}}, flow)')]
-    return dashboard("ccscope-live-flows", "ccscope — live flows",
+    dash = dashboard("ccscope-live-flows", "ccscope — live flows",
                      "Per-flow TCP congestion telemetry (cwnd, ssthresh, RTT, queueing delay, retransmits, rates) "
-                     "from ccscope's eBPF exporter.", ["ccscope", "tcp"], variables, lay.panels, [], "now-15m")
+                     "from ccscope's eBPF exporter.", ["ccscope", "tcp"], "now-15m")
+    return lay.place(dash.variables(variables))
 
 
 def _host_panels(lay: Layout) -> None:
     host = TARGET + ',cc=~"$cc"'
     lay.row("Host (all flows, from in-kernel aggregates)")
-    lay.add(panel("stat", "Open flows", "TCP flows the kernel side tracks as open, all algorithms selected.",
-                  "short", [target(f"sum(ccscope_tcp_flows{{{host}}})", "open flows", instant=True)],
-                  options={"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-                           "colorMode": "value", "graphMode": "area", "textMode": "auto"}), w=4, h=8)
+    open_flows = (stat.Panel().reduce_options(last_value()).color_mode(cm.BigValueColorMode.VALUE)
+                  .graph_mode(cm.BigValueGraphMode.AREA).text_mode(cm.BigValueTextMode.AUTO))
+    lay.add(common_panel(open_flows, "Open flows", "TCP flows the kernel side tracks as open, all algorithms "
+                         "selected.", "short", [target(f"sum(ccscope_tcp_flows{{{host}}})", "open flows",
+                                                       instant=True)], []), w=4, h=8)
     lay.add(ts("Flows by algorithm", "Open TCP flows per congestion control algorithm (ccscope_tcp_flows).",
                "short", target(f"sum by (cc) (ccscope_tcp_flows{{{host}}})", "{{cc}}")), w=10)
     lay.add(ts("New flows by algorithm", "Rate at which ccscope first sees TCP flows, per algorithm.",
@@ -183,14 +194,14 @@ def _host_panels(lay: Layout) -> None:
     lay.add(ts("Host queueing delay (quantiles)",
                "Quantiles of srtt - min_rtt over all flows, from the log2-bucket histogram "
                "ccscope_tcp_queueing_delay_seconds; bucket bounds double, so values are coarse.",
-               "s", *refs(*(target(
+               "s", *(target(
                    f"histogram_quantile({q}, sum by (le) (rate(ccscope_tcp_queueing_delay_seconds_bucket{{{host}}}"
-                   f"[$__rate_interval])))", f"p{int(q * 100)}") for q in (0.5, 0.9, 0.99))),
-               thresholds=[(0.1, "red")]))
+                   f"[$__rate_interval])))", f"p{int(q * 100)}") for q in (0.5, 0.9, 0.99)),
+               steps=[(0.1, "red")]))
     lay.add(ts("Host smoothed RTT (quantiles)",
                "Quantiles of srtt over all flows, from the histogram ccscope_tcp_srtt_seconds.", "s",
-               *refs(*(target(f"histogram_quantile({q}, sum by (le) (rate(ccscope_tcp_srtt_seconds_bucket{{{host}}}"
-                              f"[$__rate_interval])))", f"p{int(q * 100)}") for q in (0.5, 0.9, 0.99)))))
+               *(target(f"histogram_quantile({q}, sum by (le) (rate(ccscope_tcp_srtt_seconds_bucket{{{host}}}"
+                        f"[$__rate_interval])))", f"p{int(q * 100)}") for q in (0.5, 0.9, 0.99))))
     lay.add(ts("Host retransmits by algorithm",
                "Retransmitted segments per second on all flows of the host (ccscope_tcp_retransmits_total).",
                "cps", target(f"sum by (cc) (rate(ccscope_tcp_retransmits_total{{{host}}}[$__rate_interval]))",
@@ -201,7 +212,7 @@ def _host_panels(lay: Layout) -> None:
                target(f"sum by (cc) (rate(ccscope_flow_retransmits_total{{{host}}}[$__rate_interval]) "
                       f"* ccscope_flow_mss_bytes{{{host}}}) / "
                       f"sum by (cc) (rate(ccscope_flow_bytes_sent_total{{{host}}}[$__rate_interval]))", "{{cc}}"),
-               thresholds=[(0.05, "red")]))
+               steps=[(0.05, "red")]))
 
 
 def _per_flow_panels(lay: Layout) -> None:
@@ -214,15 +225,15 @@ def _per_flow_panels(lay: Layout) -> None:
                target(f"ccscope_flow_ssthresh_segments{{{fs}}}", "{{flow}} {{cc}}")))
     lay.add(ts("Smoothed RTT against min RTT",
                "srtt (solid) next to the kernel's windowed min_rtt: the gap is delay added by queues.", "s",
-               *refs(target(f"ccscope_flow_srtt_seconds{{{fs}}}", "srtt {{flow}}"),
-                     target(f"ccscope_flow_min_rtt_seconds{{{fs}}}", "min_rtt {{flow}}"))))
+               target(f"ccscope_flow_srtt_seconds{{{fs}}}", "srtt {{flow}}"),
+               target(f"ccscope_flow_min_rtt_seconds{{{fs}}}", "min_rtt {{flow}}")))
     lay.add(ts("Queueing delay", "srtt - min_rtt per flow; sustained values above 100 ms are bufferbloat "
                "(the CcscopeFlowBufferbloat alert threshold).", "s",
-               target(f"ccscope_flow_queueing_delay_seconds{{{fs}}}", "{{flow}}"), thresholds=[(0.1, "red")]))
+               target(f"ccscope_flow_queueing_delay_seconds{{{fs}}}", "{{flow}}"), steps=[(0.1, "red")]))
     lay.add(ts("RTT inflation (srtt / min_rtt)", "How many times the base RTT the flow currently sees; the "
                "flow bufferbloat alert needs this above 3 together with the queueing delay.", "x",
                target(f"ccscope_flow_srtt_seconds{{{fs}}} / ccscope_flow_min_rtt_seconds{{{fs}}}", "{{flow}}"),
-               thresholds=[(3, "red")]))
+               steps=[(3, "red")]))
     lay.add(ts("RTT variation", "rttvar (mdev) per flow.", "s",
                target(f"ccscope_flow_rttvar_seconds{{{fs}}}", "{{flow}}")))
     lay.add(ts("Retransmit rate", "Retransmitted segments per second per flow (ccscope_flow_retransmits_total).",
@@ -231,18 +242,19 @@ def _per_flow_panels(lay: Layout) -> None:
                target(f"rate(ccscope_flow_lost_packets_total{{{fs}}}[$__rate_interval])", "{{flow}}")))
     lay.add(ts("Delivery and pacing rate", "The kernel's latest delivery rate sample and the socket pacing rate "
                "(absent while unlimited).", "Bps",
-               *refs(target(f"ccscope_flow_delivery_rate_bytes_per_second{{{fs}}}", "delivery {{flow}}"),
-                     target(f"ccscope_flow_pacing_rate_bytes_per_second{{{fs}}}", "pacing {{flow}}"))))
+               target(f"ccscope_flow_delivery_rate_bytes_per_second{{{fs}}}", "delivery {{flow}}"),
+               target(f"ccscope_flow_pacing_rate_bytes_per_second{{{fs}}}", "pacing {{flow}}")))
     lay.add(ts("Goodput", "Bytes acknowledged per second per flow.", "Bps",
                target(f"rate(ccscope_flow_bytes_acked_total{{{fs}}}[$__rate_interval])", "{{flow}}")))
     lay.add(ts("Packets in flight", "Segments in flight per flow.", "short",
                target(f"ccscope_flow_packets_in_flight{{{fs}}}", "{{flow}}")))
-    mappings = [{"type": "value", "options": {str(i): {"text": s, "index": i} for i, s in enumerate(CA_STATES)}}]
-    lay.add(panel("state-timeline", "Congestion-avoidance state",
-                  "tcp_ca_state per flow: open, disorder, cwr, recovery, loss.", "none",
-                  [target(f"ccscope_flow_ca_state{{{fs}}}", "{{flow}}")], mappings=mappings,
-                  thresholds=[(1, "yellow"), (3, "orange"), (4, "red")],
-                  options={"showValue": "never", "mergeValues": True, "rowHeight": 0.9}))
+    states = dm.ValueMap(options={str(i): dm.ValueMappingResult(text=s, index=i) for i, s in enumerate(CA_STATES)})
+    timeline = (statetimeline.Panel().mappings([states]).show_value(cm.VisibilityMode.NEVER).merge_values(True)
+                .row_height(0.9))
+    lay.add(common_panel(timeline, "Congestion-avoidance state",
+                         "tcp_ca_state per flow: open, disorder, cwr, recovery, loss.", "none",
+                         [target(f"ccscope_flow_ca_state{{{fs}}}", "{{flow}}")],
+                         [(1, "yellow"), (3, "orange"), (4, "red")]))
     lay.add(ts("MSS", "Current sending MSS per flow.", "bytes",
                target(f"ccscope_flow_mss_bytes{{{fs}}}", "{{flow}}")), w=12, h=6)
     lay.add(ts("Exported flows by algorithm", "Per-flow series by congestion control algorithm.", "short",
@@ -257,7 +269,7 @@ def _pod_panels(lay: Layout) -> None:
                "(buckets 1 ms .. 4.2 s); \"other\" holds the cgroups beyond --max-cgroups.", "s",
                target(f"histogram_quantile(0.9, sum by (namespace, pod, le) "
                       f"(rate(ccscope_cgroup_queueing_delay_seconds_bucket{{{pods}}}[$__rate_interval])))",
-                      "{{namespace}}/{{pod}}"), thresholds=[(0.1, "red")]), w=8)
+                      "{{namespace}}/{{pod}}"), steps=[(0.1, "red")]), w=8)
     lay.add(ts("Retransmits by pod", "Retransmitted segments per second of each pod's flows "
                "(ccscope_cgroup_retransmits_total).", "cps",
                target(f"sum by (namespace, pod) (rate(ccscope_cgroup_retransmits_total{{{pods}}}"
@@ -270,30 +282,28 @@ def _pod_panels(lay: Layout) -> None:
 def _daemon_health_panels(lay: Layout) -> None:
     lay.row("Daemon health")
     lay.add(ts("Tracked and exported flows", "Flows in the kernel map and flows with per-flow series (--flows).",
-               "short", *refs(target(f"ccscope_tracked_flows{{{TARGET}}}", "tracked {{instance}}"),
-                              target(f"ccscope_exported_flows{{{TARGET}}}", "exported {{instance}}"))), w=8)
+               "short", target(f"ccscope_tracked_flows{{{TARGET}}}", "tracked {{instance}}"),
+               target(f"ccscope_exported_flows{{{TARGET}}}", "exported {{instance}}")), w=8)
     lay.add(ts("Flow map churn", "Closed flows expired after the grace period, and flows evicted from a full map "
                "(raise --max-flows if evictions persist).", "cps",
-               *refs(target(f"rate(ccscope_flows_expired_total{{{TARGET}}}[$__rate_interval])", "expired"),
-                     target(f"rate(ccscope_flow_evictions_total{{{TARGET}}}[$__rate_interval])", "evicted"))), w=8)
+               target(f"rate(ccscope_flows_expired_total{{{TARGET}}}[$__rate_interval])", "expired"),
+               target(f"rate(ccscope_flow_evictions_total{{{TARGET}}}[$__rate_interval])", "evicted")), w=8)
     lay.add(ts("BPF events", "Tracepoint hits and ring-buffer samples per second; lost samples mean the ring "
                "buffer was full.", "cps",
-               *refs(target(f"rate(ccscope_bpf_probe_events_total{{{TARGET}}}[$__rate_interval])", "tcp_probe"),
-                     target(f"rate(ccscope_bpf_retransmit_events_total{{{TARGET}}}[$__rate_interval])",
-                            "tcp_retransmit_skb"),
-                     target(f"rate(ccscope_bpf_samples_total{{{TARGET}}}[$__rate_interval])", "samples"),
-                     target(f"rate(ccscope_bpf_samples_lost_total{{{TARGET}}}[$__rate_interval])", "lost"))), w=8)
+               target(f"rate(ccscope_bpf_probe_events_total{{{TARGET}}}[$__rate_interval])", "tcp_probe"),
+               target(f"rate(ccscope_bpf_retransmit_events_total{{{TARGET}}}[$__rate_interval])",
+                      "tcp_retransmit_skb"),
+               target(f"rate(ccscope_bpf_samples_total{{{TARGET}}}[$__rate_interval])", "samples"),
+               target(f"rate(ccscope_bpf_samples_lost_total{{{TARGET}}}[$__rate_interval])", "lost")), w=8)
     lay.add(ts("Scrape cost", "Time the daemon spends reading the kernel maps per scrape, and whether the "
                "target is up.", "s",
-               *refs(target(f"ccscope_scrape_duration_seconds{{{TARGET}}}", "map read {{instance}}"),
-                     target(f"scrape_duration_seconds{{{TARGET}}}", "scrape {{instance}}"))), w=12)
-    lay.add(panel("table", "Daemons", "ccscope version and kernel per scraped daemon, and whether it is up.",
-                  "none", [target(f"ccscope_build_info{{{TARGET}}} * on (job, instance) group_left up{{{TARGET}}}",
-                                  "", instant=True)],
-                  options={"showHeader": True}), w=12)
-    for p in lay.panels:
-        if p["type"] == "table":
-            p["targets"][0]["format"] = "table"
+               target(f"ccscope_scrape_duration_seconds{{{TARGET}}}", "map read {{instance}}"),
+               target(f"scrape_duration_seconds{{{TARGET}}}", "scrape {{instance}}")), w=12)
+    daemons = target(f"ccscope_build_info{{{TARGET}}} * on (job, instance) group_left up{{{TARGET}}}", "",
+                     instant=True).format(pm.PromQueryFormat.TABLE)
+    lay.add(common_panel(table.Panel().show_header(True), "Daemons",
+                         "ccscope version and kernel per scraped daemon, and whether it is up.", "none",
+                         [daemons], []), w=12)
 
 
 # --- ccscope — scenario --------------------------------------------------------------------------------
@@ -321,13 +331,38 @@ RUN_ANNOTATIONS = (
 )
 
 
-def annotation(name: str, color: str, expr: str, title: str, text: str) -> dict:
-    return {"name": name, "datasource": DS, "enable": True, "hide": False, "iconColor": color, "expr": expr,
-            "step": "5s", "titleFormat": title, "textFormat": text, "tagKeys": "scenario,run,algorithm",
-            "useValueForTime": False}
+class PrometheusAnnotationQuery(dm.AnnotationQuery):
+    """An annotation from a PromQL query, with the Prometheus data source's own keys.
+
+    The SDK's AnnotationQuery types the keys every data source shares; Grafana's Prometheus plugin also reads
+    step, titleFormat, textFormat, tagKeys and useValueForTime from the same object, so they are added here,
+    typed, rather than patched into the JSON afterwards."""
+
+    def __init__(self, name: str, color: str, expr: str, title: str, text: str) -> None:
+        super().__init__(name=name, datasource=DS, enable=True, hide=False, icon_color=color, expr=expr,
+                         built_in=None)
+        self.step = "5s"
+        self.title_format = title
+        self.text_format = text
+        self.tag_keys = "scenario,run,algorithm"
+        self.use_value_for_time = False
+
+    def to_json(self) -> dict[str, object]:
+        return {**super().to_json(), "step": self.step, "titleFormat": self.title_format,
+                "textFormat": self.text_format, "tagKeys": self.tag_keys, "useValueForTime": self.use_value_for_time}
 
 
-def scenario() -> dict:
+class PrometheusAnnotation(cogbuilder.Builder[dm.AnnotationQuery]):
+    """The builder the dashboard takes for one PrometheusAnnotationQuery."""
+
+    def __init__(self, name: str, color: str, expr: str, title: str, text: str) -> None:
+        self.annotation = PrometheusAnnotationQuery(name, color, expr, title, text)
+
+    def build(self) -> dm.AnnotationQuery:
+        return self.annotation
+
+
+def scenario() -> db.Dashboard:
     lay = Layout()
     by = "profile, algorithm"
     legend = "{{algorithm}} ({{profile}})"
@@ -337,12 +372,12 @@ def scenario() -> dict:
                "algorithm.", "Bps",
                target(f"sum by ({by}) (rate(ccscope_flow_bytes_acked_total{{{rs}}}[$__rate_interval]))", legend)))
     lay.add(ts("Mean smoothed RTT by algorithm", "Average srtt of the run's flows per algorithm, with min_rtt.",
-               "s", *refs(target(f"avg by ({by}) (ccscope_flow_srtt_seconds{{{rs}}})", "srtt " + legend),
-                          target(f"min by ({by}) (ccscope_flow_min_rtt_seconds{{{rs}}})", "min_rtt " + legend))))
+               "s", target(f"avg by ({by}) (ccscope_flow_srtt_seconds{{{rs}}})", "srtt " + legend),
+               target(f"min by ({by}) (ccscope_flow_min_rtt_seconds{{{rs}}})", "min_rtt " + legend)))
     lay.add(ts("Queueing delay by algorithm", "Mean and worst srtt - min_rtt of the run's flows per algorithm.",
-               "s", *refs(target(f"avg by ({by}) (ccscope_flow_queueing_delay_seconds{{{rs}}})", "mean " + legend),
-                          target(f"max by ({by}) (ccscope_flow_queueing_delay_seconds{{{rs}}})", "max " + legend)),
-               thresholds=[(0.1, "red")]))
+               "s", target(f"avg by ({by}) (ccscope_flow_queueing_delay_seconds{{{rs}}})", "mean " + legend),
+               target(f"max by ({by}) (ccscope_flow_queueing_delay_seconds{{{rs}}})", "max " + legend),
+               steps=[(0.1, "red")]))
     lay.add(ts("Mean congestion window by algorithm", "Average cwnd in segments per algorithm.", "short",
                target(f"avg by ({by}) (ccscope_flow_cwnd_segments{{{rs}}})", legend)))
     lay.add(ts("Retransmit rate by algorithm", "Retransmitted segments per second per algorithm.", "cps",
@@ -357,13 +392,11 @@ def scenario() -> dict:
                       f"sum by ({by}) (rate(ccscope_flow_bytes_acked_total{{{rs}}}[$__rate_interval])^2))", legend)))
     lay.add(ts("Flows by algorithm", "Flows of the run with per-flow series, per algorithm.", "short",
                target(f"count by ({by}) (ccscope_flow_cwnd_segments{{{rs}}})", legend)))
-    summary = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-               "orientation": "horizontal", "displayMode": "gradient", "showUnfilled": True}
     lay.row("Over the selected time range (each algorithm while it was running)")
 
     def over_range(title: str, description: str, unit: str, expr: str, fn: str = "avg_over_time") -> None:
-        lay.add(panel("bargauge", title, description, unit,
-                      [target(f"{fn}(({expr})[$__range:$__interval])", legend, instant=True)], options=summary), w=6)
+        lay.add(bar_summary(title, description, unit,
+                            target(f"{fn}(({expr})[$__range:$__interval])", legend, instant=True)), w=6)
 
     over_range("Mean goodput", "Goodput per algorithm averaged over the time it ran.", "Bps",
                f"sum by ({by}) (rate(ccscope_flow_bytes_acked_total{{{rs}}}[$__rate_interval]))")
@@ -371,9 +404,9 @@ def scenario() -> dict:
                f"avg by ({by}) (ccscope_flow_srtt_seconds{{{rs}}})")
     over_range("Worst queueing delay", "Highest srtt - min_rtt of any of the algorithm's flows.", "s",
                f"max by ({by}) (ccscope_flow_queueing_delay_seconds{{{rs}}})", "max_over_time")
-    lay.add(panel("bargauge", "Retransmits", "Retransmitted segments in the time range per algorithm.", "short",
-                  [target(f"sum by ({by}) (increase(ccscope_flow_retransmits_total{{{rs}}}[$__range]))", legend,
-                          instant=True)], options=summary), w=6)
+    lay.add(bar_summary("Retransmits", "Retransmitted segments in the time range per algorithm.", "short",
+                        target(f"sum by ({by}) (increase(ccscope_flow_retransmits_total{{{rs}}}[$__range]))", legend,
+                               instant=True)), w=6)
     lay.row("Flows of the run")
     lay.add(ts("Congestion window per flow", "cwnd in segments of every flow of the run.", "short",
                target(f"ccscope_flow_cwnd_segments{{{rs}}}", "{{algorithm}} {{flow}}")))
@@ -386,20 +419,17 @@ def scenario() -> dict:
                   multi=False, include_all=False),
         # The runs in the time range; "All" (the default) compares every run of the scenario shown.
         query_var("run", "Run", f'label_values(ccscope_flow_cwnd_segments{{{TARGET},scenario=~"$scenario"}}, run)',
-                  all_value=".+", sort=4),
+                  all_value=".+", sort=dm.VariableSort.NUMERICAL_DESC),
     ]
-    annotations = [annotation(*a) for a in RUN_ANNOTATIONS]
-    return dashboard("ccscope-scenario", "ccscope — scenario",
+    dash = dashboard("ccscope-scenario", "ccscope — scenario",
                      "Congestion control algorithms compared within one scenario run, with annotations at run "
-                     "start, run end and algorithm swaps.", ["ccscope", "tcp", "scenario"], variables,
-                     lay.panels, annotations, "now-30m")
+                     "start, run end and algorithm swaps.", ["ccscope", "tcp", "scenario"], "now-30m")
+    for annotation in RUN_ANNOTATIONS:
+        dash = dash.annotation(PrometheusAnnotation(*annotation))
+    return lay.place(dash.variables(variables))
 
 
 DASHBOARDS = {"ccscope-live-flows.json": live_flows, "ccscope-scenario.json": scenario}
-
-
-def render(build) -> str:
-    return json.dumps(build(), indent=2, ensure_ascii=False) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:

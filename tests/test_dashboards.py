@@ -54,7 +54,7 @@ def _exprs(dash: dict) -> list[str]:
 
 
 def _variable_queries(dash: dict) -> list[str]:
-    return [v["definition"] for v in dash["templating"]["list"] if v["type"] == "query"]
+    return [v["query"]["query"] for v in dash["templating"]["list"] if v["type"] == "query"]
 
 
 def _metric_names(text: str) -> set[str]:
@@ -68,6 +68,68 @@ def test_generated_json_is_up_to_date():
     result = subprocess.run([sys.executable, str(DASHBOARDS / "generate.py"), "--check"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
+
+
+def _inventory(dash: dict) -> dict:
+    """What a dashboard shows and asks: every panel's kind, place, texts, field settings and queries."""
+
+    def query(t: dict) -> dict:
+        return {"refId": t["refId"], "expr": t["expr"], "legendFormat": t.get("legendFormat"),
+                "instant": bool(t.get("instant")), "format": t.get("format", "time_series"),
+                "datasource": t["datasource"]}
+
+    def panel(p: dict) -> dict:
+        if p["type"] == "row":
+            return {k: p.get(k) for k in ("type", "id", "title", "gridPos", "collapsed")}
+        d = p["fieldConfig"]["defaults"]
+        return {**{k: p.get(k) for k in ("type", "id", "title", "description", "gridPos", "datasource", "options")},
+                **{k: d.get(k) for k in ("unit", "decimals", "thresholds", "mappings", "custom")},
+                "targets": [query(t) for t in p["targets"]]}
+
+    def variable(v: dict) -> dict:
+        query = v["query"]["query"] if isinstance(v["query"], dict) else v["query"]
+        keys = ("type", "name", "label", "datasource", "refresh", "regex", "sort", "multi", "includeAll",
+                "allValue", "hide")
+        return {**{k: v.get(k) for k in keys}, "query": query}
+
+    keep = ("uid", "title", "description", "tags", "editable", "graphTooltip", "refresh", "timezone", "time", "links")
+    return {**{k: dash.get(k) for k in keep}, "variables": [variable(v) for v in dash["templating"]["list"]],
+            "annotations": dash["annotations"]["list"], "panels": [panel(p) for p in dash["panels"]]}
+
+
+def _assert_within(expected: object, actual: object, where: str) -> None:
+    """Every key and value of `expected` holds in `actual`, which may spell out more."""
+    if isinstance(expected, dict):
+        assert isinstance(actual, dict), f"{where}: {actual!r} is not an object"
+        for key, value in expected.items():
+            assert key in actual, f"{where}.{key}: missing"
+            _assert_within(value, actual[key], f"{where}.{key}")
+    elif isinstance(expected, list):
+        assert isinstance(actual, list) and len(actual) == len(expected), f"{where}: {actual!r}"
+        for i, (want, got) in enumerate(zip(expected, actual, strict=True)):
+            _assert_within(want, got, f"{where}[{i}]")
+    else:
+        assert expected == actual, f"{where}: {expected!r} became {actual!r}"
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: p.stem)
+def test_typed_builder_keeps_every_panel_and_query(path: Path):
+    """The dashboards were hand-written JSON until grafana-foundation-sdk built them. tests/data/
+    dashboard-inventory.json is the hand-written pair's inventory, with null (unset) dropped: every panel,
+    place, text, unit, threshold, mapping, option and query of it must hold in what the builder writes. The
+    builder may add keys: it spells out Grafana 11's own defaults (a stat's justifyMode "auto", a bar gauge's
+    minVizHeight 16, a legend's empty calcs), and a datasource variable has no refresh to set (Grafana
+    reloads it with the dashboard)."""
+    expected = json.loads((ROOT / "tests" / "data" / "dashboard-inventory.json").read_text())[path.name]
+    _assert_within(expected, _inventory(_load(path)), path.stem)
+
+
+def test_inventory_check_sees_a_changed_query():
+    dash = _load(FILES[0])
+    expected = json.loads((ROOT / "tests" / "data" / "dashboard-inventory.json").read_text())[FILES[0].name]
+    dash["panels"][2]["targets"][0]["expr"] += " > 0"
+    with pytest.raises(AssertionError, match=r"panels\[2\]\.targets\[0\]\.expr"):
+        _assert_within(expected, _inventory(dash), FILES[0].stem)
 
 
 def test_two_dashboards_with_stable_unique_uids():
@@ -365,8 +427,8 @@ def _resolve(stack: Stack, dash: dict, prefer: dict[str, str], all_values: bool)
     for var in dash["templating"]["list"]:
         if var["type"] != "query":
             continue
-        found = _label_values(stack, _substitute(var["definition"], values, stack))
-        assert found, f"variable {var['name']}: no values for {var['definition']}"
+        found = _label_values(stack, _substitute(var["query"]["query"], values, stack))
+        assert found, f"variable {var['name']}: no values for {var['query']['query']}"
         if all_values and var.get("includeAll") and var["name"] not in ("job", "instance"):
             values[var["name"]] = var["allValue"]
             continue

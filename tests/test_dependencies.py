@@ -10,7 +10,7 @@ import tomllib
 
 from ccscope_testkit.prereqs import ROOT, SLOW_MODULES
 
-_FLOOR = re.compile(r"^([A-Za-z0-9_.-]+)\s*>=\s*([0-9][0-9A-Za-z.]*)")
+_FLOOR = re.compile(r"^([A-Za-z0-9_.-]+)\s*(?:>=|==)\s*([0-9][0-9A-Za-z.!]*)")
 
 
 def _floors() -> dict[str, str]:
@@ -19,7 +19,7 @@ def _floors() -> dict[str, str]:
     floors = {}
     for spec in specs:
         match = _FLOOR.match(spec)
-        assert match, f"{spec!r}: every dependency names its lowest version with >="
+        assert match, f"{spec!r}: every dependency names its lowest version with >= (or its one version with ==)"
         floors[match.group(1).lower()] = match.group(2)
     return floors
 
