@@ -226,8 +226,10 @@ traffic:
     assert [f["algorithm_kernel"] for f in run["flows"]] == ["cubic", "bbr"]
     assert [f["algorithm_iperf3"] for f in run["flows"]] == ["cubic", "bbr"]
     assert 0.5 <= run["jain"] <= 1.0
-    total = sum(f["goodput_bps"] for f in run["flows"])
-    assert total <= 2e6 * 1448 / 1514 * 1.03  # the two flows share the 2 Mbit/s bottleneck
+    # The two flows share the 2 Mbit/s bottleneck: over the run's common window (per algorithm), not summed
+    # over each flow's own window, which holds the 0.5 s one flow had the link alone (2.19 Mbit/s in a CI run).
+    total = sum(p["goodput_bps"] for p in run["per_algorithm"].values())
+    assert 0.7 * 2e6 * 1448 / 1514 <= total <= 2e6 * 1448 / 1514 * 1.03
     small, big = run["downloads"]
     assert small["complete"] and small["completion_time_s"] < 3.0
     # 2 MB cannot cross a shared 2 Mbit/s link in 3 s: reported incomplete, with what arrived
