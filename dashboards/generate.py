@@ -331,8 +331,8 @@ RUN_ANNOTATIONS = (
 )
 
 
-class PrometheusAnnotationQuery(dm.AnnotationQuery):
-    """An annotation from a PromQL query, with the Prometheus data source's own keys.
+class PrometheusAnnotation(dm.AnnotationQuery, cogbuilder.Builder[dm.AnnotationQuery]):
+    """An annotation from a PromQL query, with the Prometheus data source's own keys; its own builder.
 
     The SDK's AnnotationQuery types the keys every data source shares; Grafana's Prometheus plugin also reads
     step, titleFormat, textFormat, tagKeys and useValueForTime from the same object, so they are added here,
@@ -341,25 +341,15 @@ class PrometheusAnnotationQuery(dm.AnnotationQuery):
     def __init__(self, name: str, color: str, expr: str, title: str, text: str) -> None:
         super().__init__(name=name, datasource=DS, enable=True, hide=False, icon_color=color, expr=expr,
                          built_in=None)
-        self.step = "5s"
         self.title_format = title
         self.text_format = text
-        self.tag_keys = "scenario,run,algorithm"
-        self.use_value_for_time = False
-
-    def to_json(self) -> dict[str, object]:
-        return {**super().to_json(), "step": self.step, "titleFormat": self.title_format,
-                "textFormat": self.text_format, "tagKeys": self.tag_keys, "useValueForTime": self.use_value_for_time}
-
-
-class PrometheusAnnotation(cogbuilder.Builder[dm.AnnotationQuery]):
-    """The builder the dashboard takes for one PrometheusAnnotationQuery."""
-
-    def __init__(self, name: str, color: str, expr: str, title: str, text: str) -> None:
-        self.annotation = PrometheusAnnotationQuery(name, color, expr, title, text)
 
     def build(self) -> dm.AnnotationQuery:
-        return self.annotation
+        return self
+
+    def to_json(self) -> dict[str, object]:
+        return {**super().to_json(), "step": "5s", "titleFormat": self.title_format, "textFormat": self.text_format,
+                "tagKeys": "scenario,run,algorithm", "useValueForTime": False}
 
 
 def scenario() -> db.Dashboard:

@@ -9,7 +9,7 @@ import pytest
 from ccscope_testkit.prereqs import SLOW_MODULES
 
 
-def pytest_configure(config: pytest.Config) -> None:
+def pytest_configure() -> None:
     """Ctrl-C as a user's terminal delivers it, also when the suite itself was started in the background.
 
     A non-interactive shell starts `cmd &` with SIGINT ignored, the ignore is inherited across exec, and

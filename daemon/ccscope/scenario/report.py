@@ -635,7 +635,8 @@ def _html_expected(doc: dict) -> str:
         ["profile", "algorithm", "measured share", "expected", "difference"], rows, numeric_from=2) +
         "<p>Share: the algorithm's part of its set's goodput over the run's common window. ware2019: BBRv1 against "
         "loss-based flows (Ware et al., IMC 2019), from the profile's rate, base RTT and buffer; it assumes a full "
-        "buffer and flows that have converged. Measured shares sit below it for reasons BBR's own state shows: in "
+        "buffer and flows that have converged. Where measured shares sit below it, BBR's own state showed why in "
+        "our runs: in "
         "deep buffers BBR's bandwidth estimate climbs for over a minute (one 1.25 gain per 8 rounds of the full "
         "queue's RTT), its min RTT is the trough of CUBIC's sawtooth rather than a full buffer's, and in a 1-BDP "
         "buffer CUBIC keeps its loss-limited rate (docs/scenarios.md, \"BBR against CUBIC\"). Definitions and "
