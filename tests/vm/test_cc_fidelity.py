@@ -1,17 +1,18 @@
 """ccscope's BPF Vegas and Westwood+ against the kernel's own modules, on a stock Debian 6.1 kernel under
 qemu (tools/kernel-lab): one boot runs tests/vm/cc-fidelity.yaml with `ccscope scenario run`, as a user
 would, native and BPF interleaved in a seeded random order on the same netem paths (clean, and 1% loss).
-The tests compare medians over the repetitions (TCG's timing is noisy) and check each algorithm's
+The tests compare the runs second by second (TCG's timing and the loss draw are noisy) and check each algorithm's
 signature. About 8 minutes (one boot; the scenario takes most of it)."""
 
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from pathlib import Path
 
 import pytest
-from cchelpers import flow_rows, post_recovery_ratios, queued_packets
+from cchelpers import flow_rows, per_second, post_recovery_ratios, queued_packets
 from labhelpers import PYTHON, ROOT, lab
 
 pytestmark = pytest.mark.stock_kernel
@@ -50,20 +51,34 @@ def test_native_and_bpf_both_ran_as_recorded(fidelity) -> None:
         assert all(f["algorithm_ok"] and f["algorithm_kernel"] == run["algorithms"] for f in run["flows"])
 
 
+def _seconds(out: Path, doc: dict, profile: str, algorithm: str) -> list[tuple[float, float]]:
+    return [second for f in _flows(doc, profile, algorithm) for second in per_second(flow_rows(out, f))]
+
+
 @pytest.mark.parametrize("profile", ["clean", "lossy"])
 @pytest.mark.parametrize(("native", "bpf"), PAIRS)
 def test_goodput_and_srtt_agree(fidelity, profile: str, native: str, bpf: str) -> None:
-    """Medians within 5%, or, where TCG's run-to-run noise is larger than that, within the spread of the
-    repetitions themselves: the BPF program must not differ from the module more than the module differs
-    from itself. (Under TCG on a busy host the spread was up to 90% per cell: see docs/congestion-control.md.)"""
-    _, doc = fidelity
+    """The BPF program must not differ from the module more than the module differs from itself. Each run
+    is cut into whole seconds (about 16 per implementation and path); the means must agree within 5%, or
+    within 4 standard errors of their difference where the seconds vary more than that.
+
+    Why not the medians of the two runs: with 1% loss an 8 s run sees ~20 losses (Poisson: +-22%), and
+    repetitions of the same module differed by 7% (vegas 1.70 vs 1.83 Mbit/s, 21 and 20 retransmits). The
+    former rule (medians within 5% or the larger range of two runs) then fails identical implementations
+    22% of the time per metric (simulated), and did once in CI. With 16 seconds a side, 4 standard errors
+    make a false alarm under 1 in 10,000 per comparison, and a lost fidelity still shows: on the lossy
+    path the bound came to 0.27 Mbit/s (15%) for vegas and the 5% floor for westwood."""
+    out, doc = fidelity
     problems = []
-    for what, value in (("goodput", lambda f: f["goodput_bps"]), ("mean srtt", lambda f: f["srtt_ms"]["mean"])):
-        a = [value(f) for f in _flows(doc, profile, native)]
-        b = [value(f) for f in _flows(doc, profile, bpf)]
-        tolerance = max(0.05 * statistics.median(a), max(a) - min(a), max(b) - min(b))
-        if abs(statistics.median(b) - statistics.median(a)) > tolerance:
-            problems.append(f"{profile} {what}: {native} {sorted(a)}, {bpf} {sorted(b)}")
+    for index, what in enumerate(("goodput", "mean srtt")):
+        a = [second[index] for second in _seconds(out, doc, profile, native)]
+        b = [second[index] for second in _seconds(out, doc, profile, bpf)]
+        assert len(a) >= 10 and len(b) >= 10, f"{profile}: only {len(a)} and {len(b)} whole seconds"
+        error = math.sqrt(statistics.variance(a) / len(a) + statistics.variance(b) / len(b))
+        tolerance = max(0.05 * statistics.fmean(a), 4 * error)
+        if abs(statistics.fmean(b) - statistics.fmean(a)) > tolerance:
+            problems.append(f"{profile} {what}: {native} {statistics.fmean(a):.4g}, {bpf} {statistics.fmean(b):.4g}"
+                            f" (tolerance {tolerance:.3g})")
     assert not problems, problems
 
 
