@@ -25,6 +25,7 @@ import yaml
 from ccscope.errors import UsageError
 from ccscope.scenario import results, runner, shard, spec
 from ccscope.scenario.store import JOURNAL
+from ccscope_testkit.net import free_port
 from ccscope_testkit.prereqs import ROOT, require_bpf_object, require_root, require_tools
 from emulation_helpers import HostSnapshot
 
@@ -134,10 +135,35 @@ def test_plan_hash_is_the_plan_not_the_host(tmp_path):
     assert shard.plan_hash({**first, "tool": {"name": "ccscope", "version": "9.9"}}) != shard.plan_hash(first)
 
 
+def _cluster_paths(tmp_path: Path) -> Path:
+    """The real-path scenario realpath.yaml's ConfigMap mounts into the shards' pods."""
+    (config,) = [d for d in _docs("realpath.yaml") if d["kind"] == "ConfigMap"]
+    (text,) = config["data"].values()
+    return _tiny(tmp_path, text)
+
+
+def test_a_real_paths_far_end_is_where_not_what(tmp_path):
+    """Each shard of a Kubernetes sweep measures to its own `ccscope serve` pod: one plan, flagged by merge;
+    a --resume, though, must keep its far end (store.py compares the whole identity)."""
+    path = _cluster_paths(tmp_path)
+
+    def fresh(target: str) -> dict:
+        scenario = spec.load(path, target=target)
+        return results.new_document(scenario, runner.plan(scenario), [], False)
+
+    first, second = fresh("ccscope-serve-0.ccscope-serve:5201"), fresh("ccscope-serve-1.ccscope-serve:5201")
+    assert shard.plan_hash(first) == shard.plan_hash(second)
+    assert shard.far_ends(first) == ["ccscope-serve-0.ccscope-serve:5201"]
+    assert "ccscope-serve-0" not in json.dumps(shard.without_far_ends(first))
+    assert "target" in results.identity_mismatch(first, second)
+    moved = spec.load(path, target="ccscope-serve-0.ccscope-serve:5201", via=["up=eth1"])
+    assert shard.plan_hash(results.new_document(moved, runner.plan(moved), [], False)) != shard.plan_hash(first)
+
+
 # --- the Kubernetes manifests ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["pvc.yaml", "job.yaml", "merge-job.yaml"])
+@pytest.mark.parametrize("name", ["pvc.yaml", "job.yaml", "merge-job.yaml", "realpath.yaml"])
 def test_manifests_match_the_kubernetes_schema(name):
     for doc in _docs(name):
         kubernetes_validate.validate(doc, KUBERNETES, strict=True)
@@ -185,12 +211,60 @@ def test_sweep_job_runs_one_shard_per_node_with_only_what_scenarios_need():
     assert {e["name"]: e["value"] for e in _container(merge)["env"]}["RESULTS"] == results_dir
 
 
+def _realpath(kind: str) -> dict:
+    (doc,) = [d for d in _docs("realpath.yaml") if d["kind"] == kind]
+    return doc
+
+
+@pytest.mark.parametrize(("kind", "mutate"), [
+    ("Service", lambda svc: svc["spec"].__setitem__("clusterIp", svc["spec"].pop("clusterIP"))),
+    ("StatefulSet", lambda sts: sts["spec"].__setitem__("servicename", sts["spec"].pop("serviceName"))),
+    ("Job", lambda job: job["spec"]["template"]["spec"]["securityContext"].__setitem__("sysctl", [])),
+])
+def test_schema_check_catches_a_misspelt_field_in_the_real_path_sweep(kind, mutate):
+    doc = copy.deepcopy(_realpath(kind))
+    mutate(doc)
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(doc, KUBERNETES, strict=True)
+
+
+def test_real_path_sweep_pairs_each_shard_with_a_serve_pod_on_another_node():
+    service, serve, job = _realpath("Service"), _realpath("StatefulSet"), _realpath("Job")
+    count = job["spec"]["completions"]
+    assert serve["spec"]["replicas"] == count and f"--shard env/{count} " in _container(job)["args"][0]
+    assert service["spec"]["clusterIP"] == "None" and serve["spec"]["serviceName"] == service["metadata"]["name"]
+    assert service["spec"]["selector"].items() <= serve["spec"]["template"]["metadata"]["labels"].items()
+    env = {e["name"]: e["value"] for e in _container(job)["env"]}
+    # shard K's far end is the DNS name the headless Service gives serve pod K, at its control port
+    control = service["spec"]["ports"][0]["port"]
+    assert (env["SERVE_PREFIX"], env["SERVE_SUFFIX"]) == (f"{serve['metadata']['name']}-",
+                                                           f".{service['metadata']['name']}:{control}")
+    assert f"--ports={control}-" in " ".join(_container(serve)["args"])
+    # no two of the pods on one node: every flow crosses the network between two nodes
+    components = {doc["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"] for doc in (serve, job)}
+    for doc in (serve, job):
+        (term,) = doc["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"]
+        assert term["topologyKey"] == "kubernetes.io/hostname"
+        (expression,) = term["labelSelector"]["matchExpressions"]
+        assert expression["operator"] == "In" and set(expression["values"]) == components
+    # a real path emulates nothing: no namespaces, mounts or the node's network
+    for doc in (serve, job):
+        sc = _container(doc)["securityContext"]
+        assert sc["capabilities"] == {"drop": ["ALL"], "add": ["BPF", "NET_ADMIN", "PERFMON"]}
+        assert sc["allowPrivilegeEscalation"] is False and not doc["spec"]["template"]["spec"].get("hostNetwork")
+    (pvc,) = _docs("pvc.yaml")
+    assert [v["persistentVolumeClaim"]["claimName"] for v in job["spec"]["template"]["spec"]["volumes"]
+            if "persistentVolumeClaim" in v] == [pvc["metadata"]["name"]]
+
+
 # --- shards run by the Job's command, merged by the merge Job's command ------------------------------------
 
 
 def _job_command(name: str, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
     """The container's command line and environment, as the kubelet starts it, with `env` overriding."""
-    container = _container(_docs(name)[0])
+    (job,) = [doc for doc in _docs(name) if doc["kind"] == "Job"]
+    container = _container(job)
     environ = {**os.environ, **{e["name"]: e["value"] for e in container["env"]}, **env}
     environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{environ['PATH']}"  # this checkout's ccscope
     return [*container["command"], *container["args"]], environ
@@ -376,3 +450,66 @@ def test_resume_takes_only_the_same_shard(sweep):
     res = resume("--shard", "1/3")
     assert res.returncode == 0 and "0 to run" in res.stderr, res.stderr
     assert (directory / JOURNAL).read_text() == before
+
+
+# --- the real-path sweep's Job, each shard against the StatefulSet's `ccscope serve` ----------------------
+
+
+@pytest.fixture(scope="module")
+def real_sweep(tmp_path_factory):
+    """realpath.yaml's shard command once per index, here: serve pod K is `ccscope serve` with the
+    StatefulSet's arguments on this host, reached as 127.0.0.1K (SERVE_PREFIX 127.0.0.1: all of 127/8 is
+    loopback), so each shard has a far end of its own, as in the cluster."""
+    require_root()
+    require_tools("iperf3", "ping", "ss")
+    require_bpf_object()
+    base = tmp_path_factory.mktemp("real-sweep")
+    control = free_port()
+    args = [f"--ports={control}-{control + 3}" if a.startswith("--ports=") else a
+            for a in _container(_realpath("StatefulSet"))["args"]]
+    log = base / "serve.log"
+    with log.open("wb") as out:
+        serve = subprocess.Popen([sys.executable, "-m", "ccscope.cli", *args], stdout=out, stderr=out,
+                                 start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while "listening on" not in log.read_text():
+            assert serve.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        env = {"SCENARIO_FILE": str(_cluster_paths(base)), "SERVE_PREFIX": "127.0.0.1", "SERVE_SUFFIX": f":{control}",
+               "SCENARIO_FLAGS": "--listen off --runs 1 --algorithms cubic,reno --duration 4s",
+               "RESULTS": str(base / "results")}
+        for index in range(3):
+            argv, environ = _job_command("realpath.yaml", {**env, "JOB_COMPLETION_INDEX": str(index)})
+            res = subprocess.run(argv, env=environ, capture_output=True, text=True, timeout=180)
+            assert res.returncode == 0, res.stderr
+        argv, environ = _job_command("merge-job.yaml", env)
+        merged = subprocess.run(argv, env=environ, capture_output=True, text=True, timeout=120)
+        assert merged.returncode == 0, merged.stderr
+    finally:
+        os.killpg(serve.pid, signal.SIGINT)
+        serve.wait(timeout=30)
+    return base / "results", merged
+
+
+def test_real_path_shards_merge_with_their_far_ends_flagged(real_sweep):
+    directory, merged = real_sweep
+    (out,) = directory.glob("merged-*")
+    doc = results.load(out)
+    assert doc["complete"] and len(doc["runs"]) == 4 and not doc["errors"], doc["errors"]
+    assert [r["position"] for r in doc["runs"]] == [1, 2, 3, 4]
+    shards = {s["index"]: s for s in doc["merged"]["shards"]}
+    assert {k: s["far_ends"] for k, s in shards.items()} == {k: [f"127.0.0.1{k}:{_port(doc)}"] for k in range(3)}
+    (mixed,) = doc["merged"]["mixed"]
+    assert mixed.startswith("mixed far ends of the real paths (shard 0: 127.0.0.10:")
+    for run in doc["runs"]:
+        [flow] = run["flows"]
+        assert flow["algorithm"] == run["algorithms"] and flow["goodput_bps"] > 0
+        assert flow["samples"] > 0  # the sender's series: this host up, the far end's serve down
+    html = (out / "report.html").read_text()
+    assert "far end" in html and "127.0.0.12:" in html and "mixed far ends" in html
+    assert "merged 3 of 3 shards" in merged.stdout
+
+
+def _port(doc: dict) -> str:
+    return doc["merged"]["shards"][0]["far_ends"][0].rsplit(":", 1)[1]

@@ -5,8 +5,9 @@ Every shard is read and checked before anything is written. Refused, one line ea
 not a shard or does not read (store.load treats it as untrusted input), shards of different plans (naming
 the first difference), two directories holding the same shard, and a run that is not where the plan puts it.
 Missing shards, or shards that stopped early, are no error: the merged report is marked incomplete and names
-every missing run. Shards from hosts with different kernels, emulation backends or algorithm implementations
-are merged too, but the report says so at the top, because their runs are not directly comparable.
+every missing run. Shards from hosts with different kernels, emulation backends or algorithm implementations,
+or real paths to different far hosts, are merged too, but the report says so at the top, because their runs
+are not directly comparable.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from ccscope.errors import UsageError
 from . import confined, results, store
 from .environment import now_iso
 from .runner import check_out_dir
-from .shard import plan_hash
+from .shard import far_ends, plan_hash, without_far_ends
 
 
 @dataclass
@@ -73,7 +74,8 @@ def check_same_plan(parts: list[Part]) -> None:
         if a["tool"]["version"] != b["tool"]["version"]:
             raise UsageError(f"{where} are shards of different plans: ccscope {a['tool']['version']} in "
                              f"{first.directory}, {b['tool']['version']} in {other.directory}")
-        if differs := results.identity_mismatch({**a, "shard": None}, {**b, "shard": None}):
+        if differs := results.identity_mismatch(without_far_ends({**a, "shard": None}),
+                                                without_far_ends({**b, "shard": None})):
             raise UsageError(f"{where} are shards of different plans: {_named(differs, first, other)}")
         if first.count != other.count:
             raise UsageError(f"{where} split the plan differently: into {first.count} shards there, "
@@ -128,13 +130,15 @@ def _host(part: Part) -> dict:
             "kernel": env.get("kernel"), "machine": env.get("machine"), "cpus": env.get("cpus"),
             "ccscope_version": env.get("ccscope_version"),
             "backends": sorted({r["backend"] for r in part.doc["runs"] if r["backend"]}),
+            "far_ends": far_ends(part.doc),
             "runs": len(part.doc["runs"]), "complete": part.doc["complete"]}
 
 
 def _mixed(hosts: list[dict]) -> list[str]:
     """What differs between the hosts that makes their runs uneven to compare."""
     out = []
-    for key, what in (("kernel", "kernels"), ("backends", "emulation backends"), ("machine", "architectures")):
+    for key, what in (("kernel", "kernels"), ("backends", "emulation backends"), ("machine", "architectures"),
+                      ("far_ends", "far ends of the real paths")):
         values = {tuple(h[key]) if isinstance(h[key], list) else h[key] for h in hosts}
         values.discard(())
         if len(values) > 1:

@@ -587,13 +587,15 @@ def _html_hosts(doc: dict) -> str:
     if not merged:
         return ""
     rows = [[f"{s.get('index')}/{merged['count']}", s.get("hostname", "-"), s.get("kernel", "-"),
-             ", ".join(s.get("backends") or []) or "-", s.get("ccscope_version", "-"), str(s.get("runs", "-")),
-             s.get("directory", "-")] for s in merged["shards"]]
-    rows += [[f"{i}/{merged['count']}", "(missing)", "-", "-", "-", "0", "-"] for i in merged["missing_shards"]]
+             ", ".join(s.get("backends") or []) or "-", ", ".join(s.get("far_ends") or []) or "-",
+             s.get("ccscope_version", "-"), str(s.get("runs", "-")), s.get("directory", "-")]
+            for s in merged["shards"]]
+    rows += [[f"{i}/{merged['count']}", "(missing)", "-", "-", "-", "-", "0", "-"] for i in merged["missing_shards"]]
     rows.sort(key=lambda r: int(r[0].split("/")[0]))
     return (f"<h2>Hosts</h2><p>Merged from {len(merged['shards'])} of {merged['count']} shards of plan "
             f"<code>{html.escape(merged['plan_hash'])}</code>.</p>" +
-            _table(["shard", "host", "kernel", "backend", "ccscope", "runs", "directory"], rows, numeric_from=9))
+            _table(["shard", "host", "kernel", "backend", "far end", "ccscope", "runs", "directory"], rows,
+                   numeric_from=9))
 
 
 def _html_problems(doc: dict) -> str:

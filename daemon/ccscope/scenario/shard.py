@@ -8,7 +8,8 @@ shard of which plan they hold; `ccscope merge` (scenario/merge.py) puts them bac
 
 The plan hash covers what decides which runs run and how: the scenario's definition and its effective
 settings (profiles, algorithm sets, quick, runs, duration, seed, backend), the seeded order and the
-ccscope version; not where the file was read from, nor when or on which host it ran.
+ccscope version; not where the file was read from, nor when or on which host it ran, nor which far host a
+real-path profile measured to (each shard may have its own; merge flags them).
 """
 
 from __future__ import annotations
@@ -82,11 +83,39 @@ def positions(total: int, shard: Shard) -> list[int]:
 
 def plan_hash(doc: dict) -> str:
     """sha256 of the plan a results document (new_document's, before any run) describes; see the module."""
+    doc = without_far_ends(doc)
     identity = {key: doc.get(key) for key in IDENTITY if key != "shard"}
     identity["scenario"] = {k: v for k, v in (identity["scenario"] or {}).items() if k != "source"}
     identity["ccscope_version"] = doc.get("tool", {}).get("version")
     text = json.dumps(_dropped_nulls(identity), sort_keys=True, separators=(",", ":"), default=str)
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def without_far_ends(doc: dict) -> dict:
+    """`doc` without its real-path profiles' far ends (target): like the host a shard ran on, the host it
+    measured to is where the plan ran, not what it is. A Kubernetes sweep pairs each shard with a `ccscope
+    serve` pod of its own (deploy/kubernetes/sweep/realpath.yaml); `ccscope merge` lists and flags them."""
+    profiles = {name: _entry_without_far_end(entry) for name, entry in (doc.get("profiles") or {}).items()}
+    scenario = dict(doc.get("scenario") or {})
+    definition = scenario.get("definition")
+    if isinstance(definition, dict) and isinstance(definition.get("profiles"), dict):
+        bodies = {name: {k: v for k, v in body.items() if k != "target"} if isinstance(body, dict) else body
+                  for name, body in definition["profiles"].items()}
+        scenario["definition"] = {**definition, "profiles": bodies}
+    return {**doc, "profiles": profiles, "scenario": scenario}
+
+
+def _entry_without_far_end(entry: Any) -> Any:
+    if not isinstance(entry, dict) or not isinstance(entry.get("real"), dict):
+        return entry
+    real = {k: v for k, v in entry["real"].items() if k not in ("target", "host", "port")}
+    return {k: v for k, v in entry.items() if k != "description"} | {"real": real}  # the description names it
+
+
+def far_ends(doc: dict) -> list[str]:
+    """The targets of the document's real-path profiles."""
+    return sorted({entry["real"]["target"] for entry in (doc.get("profiles") or {}).values()
+                   if isinstance(entry, dict) and isinstance(entry.get("real"), dict)})
 
 
 def _dropped_nulls(value: Any) -> Any:
