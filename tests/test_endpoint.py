@@ -396,7 +396,7 @@ def test_a_pages_last_events_reach_it_when_the_scenario_closes_at_once() -> None
         received = sock.recv(65536)
         while b"event: hello" not in received:
             received += sock.recv(65536)
-        hub.scenario_report("/results/report.html", "report/report.html")
+        hub.scenario.report("/results/report.html", "report/report.html")
         hub.close()
         server.close()
         while chunk := sock.recv(65536):

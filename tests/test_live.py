@@ -32,10 +32,13 @@ from ccscope import loader
 from ccscope.attribution import Attributor
 from ccscope.cc.provide import shown_names
 from ccscope.flows import FLOW_COLUMNS, FlowFilter, FlowTable
-from ccscope.live import hub as hubmod
+from ccscope.live import clients as clientsmod
+from ccscope.live import rings as ringsmod
 from ccscope.live import vendor
 from ccscope.live.app import EventStream, LiveApp, table_rows, table_source
-from ccscope.live.hub import Hub, TableSource, TooManyClients
+from ccscope.live.clients import TooManyClients
+from ccscope.live.hub import Hub
+from ccscope.live.table import TableSource
 from ccscope.loader import ProbeOptions, TelemetryProbe
 from ccscope.metrics_endpoint import MetricsServer
 from ccscope_testkit.cgroups import Tree, cgroup_tree, kubepods_systemd, pod_logs
@@ -501,9 +504,9 @@ def test_closing_the_hub_waits_for_a_table_read_in_progress() -> None:
                 assert not closer.is_alive() and not reader.is_alive()
                 [(flows, total)] = reads  # the held read completed, on the open probe
                 assert total == 2 and sink_port in {f.dport for f in flows}
-                assert hub._table["total"] == 2
+                assert hub.table.rows["total"] == 2
                 inside.clear()
-                hub._table_at = hub._table_read_at = 0.0  # the next tick is due for a table read
+                hub.table.sent_at = hub.table.read_at = 0.0  # the next tick is due for a table read
                 hub.tick()
                 assert not inside.is_set() and len(reads) == 1, "the table source was read after the detach"
             finally:
@@ -647,14 +650,14 @@ def test_slow_client_loses_oldest_updates_and_is_told() -> None:
     hub = Hub()
     try:
         slow = hub.connect()
-        for i in range(hubmod.CLIENT_QUEUE * 5):
-            slow.put(hubmod.event("points", {"n": i}))
-        assert len(slow.queue) == hubmod.CLIENT_QUEUE  # bounded memory
+        for i in range(clientsmod.CLIENT_QUEUE * 5):
+            slow.put(clientsmod.event("points", {"n": i}))
+        assert len(slow.queue) == clientsmod.CLIENT_QUEUE  # bounded memory
         messages = slow.take(0)
         assert messages[0].startswith(b"event: lag")
         lag = json.loads(messages[0].split(b"data: ")[1])
-        assert lag["dropped"] == hubmod.CLIENT_QUEUE * 5 + 1 - hubmod.CLIENT_QUEUE  # + the hello
-        assert json.loads(messages[-1].split(b"data: ")[1]) == {"n": hubmod.CLIENT_QUEUE * 5 - 1}  # newest kept
+        assert lag["dropped"] == clientsmod.CLIENT_QUEUE * 5 + 1 - clientsmod.CLIENT_QUEUE  # + the hello
+        assert json.loads(messages[-1].split(b"data: ")[1]) == {"n": clientsmod.CLIENT_QUEUE * 5 - 1}  # newest kept
         assert not slow.take(0)  # told once
     finally:
         hub.close()
@@ -666,7 +669,7 @@ def test_client_limit_answers_503() -> None:
     server = MetricsServer(CollectorRegistry(), "127.0.0.1", 0)
     LiveApp(hub).mount(server)
     try:
-        clients = [hub.connect() for _ in range(hubmod.MAX_CLIENTS)]
+        clients = [hub.connect() for _ in range(clientsmod.MAX_CLIENTS)]
         with pytest.raises(TooManyClients):
             hub.connect()
         with pytest.raises(urllib.error.HTTPError) as refused:
@@ -674,9 +677,9 @@ def test_client_limit_answers_503() -> None:
         assert (refused.value.code, refused.value.headers["Retry-After"]) == (503, "10")
         hub.disconnect(clients[0])
         stream = EventStream(hub)  # the freed slot; closing the stream (even unread) frees it again
-        assert hub.client_count == hubmod.MAX_CLIENTS
+        assert hub.client_count == clientsmod.MAX_CLIENTS
         stream.close()
-        assert hub.client_count == hubmod.MAX_CLIENTS - 1
+        assert hub.client_count == clientsmod.MAX_CLIENTS - 1
     finally:
         hub.close()
         server.close()
@@ -686,8 +689,8 @@ def test_bufferbloat_thresholds_are_the_alert_rules() -> None:
     rules = yaml.safe_load((ROOT / "deploy/prometheus/rules/ccscope-alerts.yml").read_text())
     [alert] = [r for g in rules["groups"] for r in g["rules"] if r.get("alert") == "CcscopeFlowBufferbloat"]
     expr = " ".join(alert["expr"].split())
-    assert expr == (f"ccscope_flow_queueing_delay_seconds > {hubmod.BLOAT_QUEUEING_DELAY_S:g} and "
-                    f"ccscope_flow:srtt_over_min_rtt:ratio > {hubmod.BLOAT_RTT_RATIO:g}")
-    assert alert["for"] == f"{hubmod.BLOAT_FOR_S / 60:g}m"
-    assert hubmod.bufferbloat(0.250, 0.050) and not hubmod.bufferbloat(0.140, 0.050)  # ratio 5 / ratio 2.8
-    assert not hubmod.bufferbloat(0.650, 0.600)  # satellite: 50 ms of queue, ratio 1.08
+    assert expr == (f"ccscope_flow_queueing_delay_seconds > {ringsmod.BLOAT_QUEUEING_DELAY_S:g} and "
+                    f"ccscope_flow:srtt_over_min_rtt:ratio > {ringsmod.BLOAT_RTT_RATIO:g}")
+    assert alert["for"] == f"{ringsmod.BLOAT_FOR_S / 60:g}m"
+    assert ringsmod.bufferbloat(0.250, 0.050) and not ringsmod.bufferbloat(0.140, 0.050)  # ratio 5 / ratio 2.8
+    assert not ringsmod.bufferbloat(0.650, 0.600)  # satellite: 50 ms of queue, ratio 1.08

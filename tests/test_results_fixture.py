@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from ccscope.errors import UsageError
-from ccscope.scenario import report, results
+from ccscope.scenario import document, plots, report, results
 from ccscope.scenario.recorder import CSV_HEADER
 from ccscope_testkit.prereqs import ROOT
 
@@ -106,5 +106,35 @@ def test_render_results_without_the_recorded_download_limit(copy: Path) -> None:
     """Results written before scenario.download_timeout_s existed still render."""
     doc = results.load(copy)
     del doc["scenario"]["download_timeout_s"]
-    assert report.plot_downloads(copy, doc) == "plots/downloads.png"
+    assert plots.plot_downloads(copy, doc) == "plots/downloads.png"
     assert (copy / "plots" / "downloads.png").stat().st_size > 10_000
+
+
+_RUN_PROPERTIES = results.RUN_SCHEMA["properties"]
+
+
+@pytest.mark.parametrize(("shape", "schema"), [
+    (document.ResultsDocument, results.SCHEMA),
+    (document.ScenarioEntry, results.SCHEMA["properties"]["scenario"]),
+    (document.ProfileEntry, results.SCHEMA["properties"]["profiles"]["additionalProperties"]),
+    (document.RunResult, results.RUN_SCHEMA),
+    (document.FlowResult, _RUN_PROPERTIES["flows"]["items"]),
+    (document.DownloadResult, _RUN_PROPERTIES["downloads"]["items"]),
+    (document.PingResult, _RUN_PROPERTIES["ping"]),
+    (document.Summary, _RUN_PROPERTIES["ping"]["properties"]["rtt_ms"]),
+    (document.SummaryRow, results.SCHEMA["properties"]["summary"]["items"]),
+    (document.Interval, results.SCHEMA["properties"]["summary"]["items"]["properties"]["goodput_bps"]),
+], ids=lambda value: getattr(value, "__name__", ""))
+def test_the_typed_shape_is_the_schema(shape, schema) -> None:
+    """document.py's TypedDicts and results.py's SCHEMA name the same keys, and require the same ones."""
+    assert shape.__required_keys__ == set(schema["required"])
+    assert set(shape.__annotations__) == set(schema["properties"])
+
+
+def test_a_written_document_has_the_typed_shape() -> None:
+    doc = results.load(FIXTURE)
+    assert document.ResultsDocument.__required_keys__ <= set(doc)
+    for run in doc["runs"]:
+        assert document.RunResult.__required_keys__ <= set(run) <= set(document.RunResult.__annotations__)
+        for flow in run["flows"]:
+            assert document.FlowResult.__required_keys__ <= set(flow) <= set(document.FlowResult.__annotations__)

@@ -27,8 +27,9 @@ from ccscope.metrics_endpoint import MetricsServer
 from ccscope.web.http import HttpServer, Limits, Request, Response, Route, Stream, text_response
 
 from . import vendor
+from .clients import MAX_CLIENTS, TooManyClients, event
 from .health import LiveCollector
-from .hub import MAX_CLIENTS, Hub, TooManyClients, event
+from .hub import Hub
 
 TABLE_ROWS = 500
 KEEPALIVE_S = 15.0  # an idle stream still writes, so a vanished client is noticed and its slot freed

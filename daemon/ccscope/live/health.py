@@ -19,9 +19,9 @@ class LiveCollector(Collector):
         yield GaugeMetricFamily("ccscope_live_pages", "Live pages connected to the event stream now.",
                                 value=hub.client_count)
         yield CounterMetricFamily("ccscope_live_connections", "Event-stream connections accepted.",
-                                  value=hub.connections)
+                                  value=hub.clients.connections)
         yield CounterMetricFamily("ccscope_live_updates_dropped", "Updates dropped for pages that read too "
-                                  "slowly (their oldest queued updates).", value=hub.updates_dropped)
-        yield CounterMetricFamily("ccscope_live_samples", "BPF samples the live view read.", value=hub.samples_in)
+                                  "slowly (their oldest queued updates).", value=hub.clients.updates_dropped)
+        yield CounterMetricFamily("ccscope_live_samples", "BPF samples the live view read.", value=hub.rings.samples_in)
         yield CounterMetricFamily("ccscope_live_points", "Samples kept as chart points (after decimation).",
-                                  value=hub.points_kept)
+                                  value=hub.rings.points_kept)

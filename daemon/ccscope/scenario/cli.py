@@ -173,17 +173,17 @@ def _list() -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from . import report, results, store
+    from . import report, results, series, store
 
     directory = Path(args.directory)
     if not directory.is_dir():
         raise UsageError(f"{args.directory}: no such results directory")
     doc = store.load(directory)
-    series = report.load_series(directory, doc)  # everything is read and checked before anything is written
+    plotted = series.load_series(directory, doc)  # everything is read and checked before anything is written
     if store.rebuilt(directory, doc):
         print(f"ccscope: rebuilt {directory}/results.json from {store.JOURNAL} ({len(doc['runs'])} runs)",
               file=sys.stderr)
-    html = report.render(directory, doc, series)
+    html = report.render(directory, doc, plotted)
     print(report.summary_table(doc))
     if not doc["complete"]:
         fix = ("run or resume the missing shards and merge again" if doc.get("merged") else

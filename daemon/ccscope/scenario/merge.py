@@ -19,6 +19,7 @@ from pathlib import Path
 from ccscope.errors import UsageError
 
 from . import confined, results, store
+from .document import ResultsDocument
 from .environment import now_iso
 from .runner import check_out_dir
 from .shard import far_ends, plan_hash, without_far_ends
@@ -96,7 +97,7 @@ def _named(difference: str, first: Part, other: Part) -> str:
     return f"{head} in {first.directory}, {tail.removesuffix(' now')} in {other.directory}"
 
 
-def merged_document(parts: list[Part]) -> dict:
+def merged_document(parts: list[Part]) -> ResultsDocument:
     """The document one machine would have written, plus `merged`: which shard ran where."""
     parts = sorted(parts, key=lambda p: p.index)
     base = parts[0].doc

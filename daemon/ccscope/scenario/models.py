@@ -43,3 +43,13 @@ def expected_share(definition: dict, profile: dict, profile_name: str, mix: list
     if not all(isinstance(v, int | float) and v > 0 for v in (rate, rtt, bdp, queue)):
         return None
     return bbr_share(rate, rtt, queue / bdp, bbr_flows=mix.count(algorithm))
+
+
+def model_name(definition: dict, algorithm: str) -> str:
+    """The model (or the table of values) the scenario's `expected` names for `algorithm`'s share."""
+    return str(((definition.get("expected") or {}).get("share") or {}).get(algorithm))
+
+
+def competing_rows(doc: dict) -> list[dict]:
+    """The summary rows of algorithms that ran in a competing set, with a share measured."""
+    return [r for r in doc["summary"] if "+" in r["algorithms"] and (r.get("share") or {}).get("mean") is not None]

@@ -21,6 +21,7 @@ from ccscope import __version__
 from ccscope.errors import UsageError
 
 from . import confined
+from .document import ResultsDocument, RunResult
 from .environment import capture, now_iso
 from .realpath import is_real
 from .realpath import summary as real_summary
@@ -49,7 +50,15 @@ _FLOW = {"type": "object",
                         "srtt_ms": _SUMMARY, "retransmits": {"type": ["integer", "null"]},
                         "retransmit_ratio": {"type": NUM}, "samples": {"type": "integer"},
                         "window_s": {"type": ["array", "null"], "items": {"type": "number"}},
-                        "csv": {"type": "string"}, "iperf3": {"type": "object"}}}
+                        "csv": {"type": "string"}, "iperf3": {"type": "object"},
+                        # optional: the socket the series came from, and what the kernel counted on it
+                        "cookie": {"type": ["integer", "null"]}, "sport": {"type": ["integer", "null"]},
+                        "dport": {"type": ["integer", "null"]}, "start_offset_s": {"type": "number"},
+                        "bytes_acked": {"type": ["integer", "null"]}, "bytes_sent": {"type": ["integer", "null"]},
+                        "segments_sent": {"type": NUM},
+                        # optional, real paths: whose series it is (realrun.py)
+                        "view": {"enum": ["sender", "receiver", None]}, "sender_host": {"type": "string"},
+                        "receiver_csv": {"type": "string"}}}
 _DOWNLOAD = {"type": "object",
              "required": ["id", "size_bytes", "complete", "completion_time_s", "received_bytes", "algorithm"],
              "properties": {"id": {"type": "string"}, "size_bytes": {"type": "integer"},
@@ -66,7 +75,7 @@ _RUN = {"type": "object",
         "properties": {
             "label": {"type": "string"}, "position": {"type": "integer"}, "profile": _NAME,
             "algorithms": _MIX, "repetition": {"type": "integer"}, "netns": {"type": "integer"},
-            "backend": {"type": "string"}, "duration_s": {"type": "number"},
+            "backend": {"type": "string"}, "duration_s": {"type": "number"}, "started_at": {"type": ["string", "null"]},
             "flows": {"type": "array", "items": _FLOW}, "downloads": {"type": "array", "items": _DOWNLOAD},
             "ping": {"type": ["object", "null"], "required": ["sent", "received", "rtt_ms"],
                      "properties": {"sent": {"type": "integer"}, "received": {"type": "integer"},
@@ -235,7 +244,7 @@ def validate(doc: dict) -> None:
         raise ValueError(f"results.json does not match schema {SCHEMA_VERSION}: " + "; ".join(problems[:5]))
 
 
-def new_document(scenario, units, skipped: list[str], quick: bool, backend: str = "auto") -> dict:
+def new_document(scenario, units, skipped: list[str], quick: bool, backend: str = "auto") -> ResultsDocument:
     order = [u.label for u in units]
     return {
         "schema_version": SCHEMA_VERSION,
@@ -264,7 +273,7 @@ def _profile_entry(p) -> dict:
             "queue_bytes": p.up.queue_bytes(p.base_rtt_s)}
 
 
-def new_run(unit, position: int) -> dict:
+def new_run(unit, position: int) -> RunResult:
     return {"label": unit.label, "position": position, "profile": unit.profile, "algorithms": "+".join(unit.mix),
             "repetition": unit.repetition, "netns": 0, "backend": "", "started_at": None, "duration_s": 0.0,
             "flows": [], "downloads": [], "ping": None, "link": {}, "jain": None, "per_algorithm": {}, "errors": []}
@@ -356,7 +365,7 @@ def parse(text: str, where: str) -> dict:
     return doc
 
 
-def load(directory: Path) -> dict:
+def load(directory: Path) -> ResultsDocument:
     """results.json of a results directory (read as untrusted input; see confined.py)."""
     where = str(directory / "results.json")
     text = confined.read_text(directory, "results.json", where, confined.MAX_JSON_BYTES)

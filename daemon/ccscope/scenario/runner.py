@@ -30,6 +30,7 @@ from ccscope.units import parse_listen
 from ccscope.web.http import Limits
 
 from . import analysis, linkmeter, realrun, results, shard
+from .document import ResultsDocument
 from .environment import namespace_sysctls, now_iso
 from .linkmeter import LinkMeter
 from .progress import Progress
@@ -160,7 +161,7 @@ def run(scenario: Scenario, options: Options, finish=None) -> tuple[Path, dict]:
         stack.callback(store.close)  # also when the endpoint cannot start
         endpoint = stack.enter_context(_endpoint(options))
         if endpoint:
-            endpoint.hub.scenario_plan(scenario.name, list(scenario.profiles),
+            endpoint.hub.scenario.plan(scenario.name, list(scenario.profiles),
                                        [mix_label(m) for m in scenario.algorithms], len(units))
         old_handlers = _raise_on_signals()
         try:
@@ -206,12 +207,12 @@ def _run_missing(scenario: Scenario, units: list[Unit], doc: dict, store: Store,
         names = {name: impl.display for name, impl in implementations.items()}  # as the report names them
         if endpoint:
             endpoint.hub.set_cc_names(names)
-        progress = Progress(len(units), planned_seconds(scenario), listener=endpoint and endpoint.hub.scenario_event,
+        progress = Progress(len(units), planned_seconds(scenario), listener=endpoint and endpoint.hub.scenario.on_event,
                             names=names)
+        session = Session(scenario, doc, out, options, recorder, collector, progress)
         verified: set[str] = set(doc["emulation_checks"])
         for position, unit in todo:
-            record = _run_unit(scenario, unit, position, out, recorder, collector, progress, options,
-                               verify=options.verify and unit.profile not in verified, doc=doc)
+            record = _run_unit(session, unit, position, verify=options.verify and unit.profile not in verified)
             verified.add(unit.profile)
             store.add_run(doc, record)
             progress.done(record)
@@ -325,7 +326,7 @@ class Endpoint:
     hub: Hub
 
     def show_report(self, out: Path, report: Path) -> None:
-        self.hub.scenario_report(str(report), self.app.show_report(out, report))
+        self.hub.scenario.report(str(report), self.app.show_report(out, report))
 
 
 @contextlib.contextmanager
@@ -379,8 +380,21 @@ def _telemetry(scenario: Scenario, endpoint: Endpoint | None):
             collector.close()
 
 
-def _run_unit(scenario: Scenario, unit: Unit, position: int, out: Path, recorder: Recorder, collector,
-              progress: Progress, options: Options, verify: bool, doc: dict) -> dict:
+@dataclass
+class Session:
+    """What the runs of one invocation share: the scenario, its results, the telemetry and the progress."""
+    scenario: Scenario
+    doc: ResultsDocument
+    out: Path
+    options: Options
+    recorder: Recorder
+    collector: FlowCollector
+    progress: Progress
+
+
+def _run_unit(session: Session, unit: Unit, position: int, verify: bool) -> dict:
+    scenario, doc, out, options = session.scenario, session.doc, session.out, session.options
+    recorder, collector, progress = session.recorder, session.collector, session.progress
     profile = scenario.profiles[unit.profile]
     if options.real is not None and unit.profile in options.real.paths:  # this host's own network
         return realrun.run_unit(scenario, unit, position, out, recorder, collector, progress, options.real)

@@ -25,6 +25,7 @@ from types import SimpleNamespace
 from ccscope.errors import UsageError
 
 from . import confined, results
+from .document import ResultsDocument
 
 JOURNAL = "runs.jsonl"
 RESULTS = "results.json"
@@ -187,7 +188,7 @@ def _journal(directory: Path) -> tuple[dict | None, list[dict]]:
     return header, entries
 
 
-def load(directory: Path) -> dict:
+def load(directory: Path) -> ResultsDocument:
     """The results of a directory: results.json, plus any completed run only the journal has (a kill
     between the two writes), or rebuilt from the journal alone if results.json was never written."""
     header, entries = _journal(directory)
