@@ -88,21 +88,6 @@ def flow_rows(out: Path, flow: dict, warmup: bool = True) -> list[dict[str, floa
     return [r for r in rows if start <= r["time_s"] <= end]
 
 
-def per_second(rows: list[dict[str, float]]) -> list[tuple[float, float]]:
-    """(goodput bit/s, mean srtt ms) of each whole second of the samples `rows`: a run cut into samples
-    that are close to independent (a halved window of ~13 packets regrows in ~6 RTTs = 0.25 s)."""
-    if not rows:
-        return []
-    t0, end = rows[0]["time_s"], rows[-1]["time_s"]
-    seconds: dict[int, list[dict[str, float]]] = {}
-    for row in rows:
-        if row["time_s"] < t0 + int(end - t0):  # whole seconds only
-            seconds.setdefault(int(row["time_s"] - t0), []).append(row)
-    return [((s[-1]["bytes_acked"] - s[0]["bytes_acked"]) * 8 / (s[-1]["time_s"] - s[0]["time_s"]),
-             statistics.fmean(r["srtt_ms"] for r in s))
-            for s in seconds.values() if s[-1]["time_s"] > s[0]["time_s"]]
-
-
 def queueing_delays_ms(rows: list[dict[str, float]]) -> list[float]:
     """srtt - min_rtt per sample: the delay the flow's own queue adds."""
     return [r["srtt_ms"] - r["min_rtt_ms"] for r in rows if "min_rtt_ms" in r]

@@ -1,8 +1,8 @@
 """ccscope's BPF Vegas and Westwood+ against the kernel's own modules, on a stock Debian 6.1 kernel under
 qemu (tools/kernel-lab): one boot runs tests/vm/cc-fidelity.yaml with `ccscope scenario run`, as a user
 would, native and BPF interleaved in a seeded random order on the same netem paths (clean, and 1% loss).
-The tests compare the runs second by second (TCG's timing and the loss draw are noisy) and check each algorithm's
-signature. About 8 minutes (one boot; the scenario takes most of it)."""
+The tests compare means over the repetitions against their spread (TCG's timing and the loss draw are
+noisy) and check each algorithm's signature. About 8 minutes (one boot; the scenario takes most of it)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import statistics
 from pathlib import Path
 
 import pytest
-from cchelpers import flow_rows, per_second, post_recovery_ratios, queued_packets
+from cchelpers import flow_rows, post_recovery_ratios, queued_packets
 from labhelpers import PYTHON, ROOT, lab
 
 pytestmark = pytest.mark.stock_kernel
@@ -51,34 +51,47 @@ def test_native_and_bpf_both_ran_as_recorded(fidelity) -> None:
         assert all(f["algorithm_ok"] and f["algorithm_kernel"] == run["algorithms"] for f in run["flows"])
 
 
-def _seconds(out: Path, doc: dict, profile: str, algorithm: str) -> list[tuple[float, float]]:
-    return [second for f in _flows(doc, profile, algorithm) for second in per_second(flow_rows(out, f))]
+# Two-sided 99.9 % quantiles of Student's t by degrees of freedom: a false alarm 1 time in 1,000 per comparison.
+T_999 = {2: 31.60, 3: 12.92, 4: 8.610, 5: 6.869, 6: 5.959, 7: 5.408, 8: 5.041}
+METRICS = {"goodput": lambda f: f["goodput_bps"], "mean srtt": lambda f: f["srtt_ms"]["mean"]}
+
+
+def run_spread(doc: dict, profile: str, metric) -> tuple[float, int]:
+    """The standard deviation of one run's value around its cell's mean (a cell: one implementation on the
+    profile), pooled over every cell of the profile; and its degrees of freedom."""
+    squares, df = 0.0, 0
+    for algorithm in {a for pair in PAIRS for a in pair}:
+        values = [metric(f) for f in _flows(doc, profile, algorithm)]
+        squares += sum((v - statistics.fmean(values)) ** 2 for v in values)
+        df += len(values) - 1
+    return math.sqrt(squares / df), df
 
 
 @pytest.mark.parametrize("profile", ["clean", "lossy"])
 @pytest.mark.parametrize(("native", "bpf"), PAIRS)
 def test_goodput_and_srtt_agree(fidelity, profile: str, native: str, bpf: str) -> None:
-    """The BPF program must not differ from the module more than the module differs from itself. Each run
-    is cut into whole seconds (about 16 per implementation and path); the means must agree within 5%, or
-    within 4 standard errors of their difference where the seconds vary more than that.
+    """The BPF program must not differ from the module more than runs differ from each other. The means over
+    the runs must agree within 5%, or, where runs of one implementation vary more than that, within the 99.9%
+    bound of Student's t for the difference of two means of two runs, the runs' spread pooled over the
+    profile's four cells (4 degrees of freedom: a false alarm 1 time in 1,000 per comparison).
 
-    Why not the medians of the two runs: with 1% loss an 8 s run sees ~20 losses (Poisson: +-22%), and
-    repetitions of the same module differed by 7% (vegas 1.70 vs 1.83 Mbit/s, 21 and 20 retransmits). The
-    former rule (medians within 5% or the larger range of two runs) then fails identical implementations
-    22% of the time per metric (simulated), and did once in CI. With 16 seconds a side, 4 standard errors
-    make a false alarm under 1 in 10,000 per comparison, and a lost fidelity still shows: on the lossy
-    path the bound came to 0.27 Mbit/s (15%) for vegas and the 5% floor for westwood."""
-    out, doc = fidelity
+    Measured (2 Mbit/s, 40 ms, 8 s runs): with 1% loss a run sees ~20-38 losses, and one implementation's runs
+    differ by up to 6% (vegas 1.62 and 1.73 Mbit/s), so the lossy goodput bound is ~20% (0.37 Mbit/s): there
+    the goodput tells only a gross failure, and the signatures below (the queue Vegas keeps, Westwood+'s
+    window after recovery) carry the comparison. Clean runs agree within ~0.5%: the 5% bound holds. Rules
+    that ignore the run-to-run spread failed identical implementations: medians of two runs within 5% or
+    their ranges (22% of the time per metric), and one-second slices of the runs within 4 standard errors
+    (their seconds share a run's conditions: bpf_westwood 1.736 and 1.784 against 1.850 and 1.840 Mbit/s
+    with 37, 35, 37 and 38 retransmits, its seconds 1.64-1.88 against 1.73-1.94)."""
+    _, doc = fidelity
     problems = []
-    for index, what in enumerate(("goodput", "mean srtt")):
-        a = [second[index] for second in _seconds(out, doc, profile, native)]
-        b = [second[index] for second in _seconds(out, doc, profile, bpf)]
-        assert len(a) >= 10 and len(b) >= 10, f"{profile}: only {len(a)} and {len(b)} whole seconds"
-        error = math.sqrt(statistics.variance(a) / len(a) + statistics.variance(b) / len(b))
-        tolerance = max(0.05 * statistics.fmean(a), 4 * error)
+    for what, metric in METRICS.items():
+        a = [metric(f) for f in _flows(doc, profile, native)]
+        b = [metric(f) for f in _flows(doc, profile, bpf)]
+        spread, df = run_spread(doc, profile, metric)
+        tolerance = max(0.05 * statistics.fmean(a), T_999[df] * spread * math.sqrt(1 / len(a) + 1 / len(b)))
         if abs(statistics.fmean(b) - statistics.fmean(a)) > tolerance:
-            problems.append(f"{profile} {what}: {native} {statistics.fmean(a):.4g}, {bpf} {statistics.fmean(b):.4g}"
-                            f" (tolerance {tolerance:.3g})")
+            problems.append(f"{profile} {what}: {native} {sorted(a)}, {bpf} {sorted(b)} (tolerance {tolerance:.3g})")
     assert not problems, problems
 
 
