@@ -67,6 +67,25 @@ def test_trace_link_waits_for_the_next_opportunity(tmp_path):
     assert plan.expected_bps == pytest.approx(1.2e6 * 1514 / 1500)  # 1500 IP bytes per opportunity
 
 
+def test_a_varying_trace_is_checked_against_the_rates_it_spans(tmp_path):
+    """12 Mbit/s for 3 s, then 4 Mbit/s for 3 s: a one-second probe sees one phase, never the 8 Mbit/s mean
+    (a CPU-hogged run measured 12.08 Mbit/s and was called OFF against the mean)."""
+    trace = tmp_path / "steps.trace"
+    trace.write_text("".join(f"{t}\n" for t in [*range(1, 3001), *range(3003, 6001, 3)]))
+    plan = pathcheck.rate_plan(profile(delay="20ms", up={"trace": str(trace), "queue": "200p"}))
+    assert plan is not None
+    frames = plan.expected_bps / 8e6  # wire bytes per IP byte (the mean is 8 Mbit/s of IP bytes)
+    assert plan.lowest_bps == pytest.approx(4e6 * frames, rel=0.01)
+    assert plan.highest_bps == pytest.approx(12e6 * frames, rel=0.01)
+    assert plan.accepts(12.08e6 * frames) and plan.accepts(4e6 * frames)
+    assert not plan.accepts(13e6 * frames) and not plan.accepts(3.7e6 * frames)
+    steady = tmp_path / "steady.trace"
+    steady.write_text("".join(f"{t}\n" for t in range(1, 101)))
+    plan = pathcheck.rate_plan(profile(delay="20ms", up={"trace": str(steady)}))
+    assert plan is not None and plan.lowest_bps is None and plan.highest_bps is None
+    assert plan.accepts(plan.expected_bps * 1.02) and not plan.accepts(plan.expected_bps * 1.04)
+
+
 def test_rate_probe_is_long_enough_at_low_rates_and_long_rtts():
     slow = pathcheck.rate_plan(profile(rate="1mbit", delay="200ms"))
     assert slow is not None and slow.frame_bytes == 1514

@@ -427,9 +427,10 @@ class Testbed:
                 fit = self.udp_fit(rate_plan.offered_bps, rate_plan.window_s, rate_plan.frame_bytes,
                                    rate_plan.startup_s)
                 rate = fit.rate_bps
-                rate_ok = abs(rate / expected - 1) <= pathcheck.RATE_TOLERANCE
-                rate_msg = (f"rate {_mbit(rate)} Mbit/s (expected {_mbit(expected)}) "
-                            f"{'ok' if rate_ok else 'OFF'}")
+                rate_ok = rate_plan.accepts(rate)
+                wanted = _mbit(expected) if rate_plan.lowest_bps is None else \
+                    f"{_mbit(rate_plan.lowest_bps)}-{_mbit(rate_plan.highest_bps)} over the trace"
+                rate_msg = f"rate {_mbit(rate)} Mbit/s (expected {wanted}) {'ok' if rate_ok else 'OFF'}"
                 if fit.left_out_s:
                     rate_msg += f" (left out {fit.left_out_s * 1e3:.0f} ms the machine did not run the probe)"
             except CcscopeError as exc:
