@@ -210,10 +210,13 @@ def _run_file(ccscope_cmd, tmp_path: Path, text: str) -> dict:
 
 
 def test_time_limited_downloads_and_competing_flows(ccscope_cmd, tmp_path, host):
-    """Seed 002's hang becomes an incomplete transfer; two algorithms share one bottleneck (Jain)."""
+    """Seed 002's hang becomes an incomplete transfer; two algorithms share one bottleneck (Jain).
+    Two loss-based algorithms, not cubic+bbr: BBR ignores loss, and on this 3-BDP tail-drop queue the two
+    dropped 19% of the up direction's packets (225 of 1191); the 5 KB download then lost its first segment
+    5 times in a row and received nothing in 3 s: the network, which ccscope reported as it was."""
     doc = _run_file(ccscope_cmd, tmp_path, """
 name: mini
-algorithms: [[cubic, bbr]]
+algorithms: [[cubic, reno]]
 duration: 5s
 warmup: 1s
 profiles:
@@ -223,14 +226,15 @@ traffic:
   downloads: {sizes: [5KB, 2MB], timeout: 3s, start: 1s}
 """)
     [run] = doc["runs"]
-    assert [f["algorithm_kernel"] for f in run["flows"]] == ["cubic", "bbr"]
-    assert [f["algorithm_iperf3"] for f in run["flows"]] == ["cubic", "bbr"]
+    assert [f["algorithm_kernel"] for f in run["flows"]] == ["cubic", "reno"]
+    assert [f["algorithm_iperf3"] for f in run["flows"]] == ["cubic", "reno"]
     assert 0.5 <= run["jain"] <= 1.0
     # The two flows share the 2 Mbit/s bottleneck: over the run's common window (per algorithm), not summed
     # over each flow's own window, which holds the 0.5 s one flow had the link alone (2.19 Mbit/s in a CI run).
     total = sum(p["goodput_bps"] for p in run["per_algorithm"].values())
     assert 0.7 * 2e6 * 1448 / 1514 <= total <= 2e6 * 1448 / 1514 * 1.03
     small, big = run["downloads"]
+    # cubic and reno drop 7-8% here (86-94 of ~1200 packets): the 5 KB took 0.14-1.57 s in four runs
     assert small["complete"] and small["completion_time_s"] < 3.0
     # 2 MB cannot cross a shared 2 Mbit/s link in 3 s: reported incomplete, with what arrived
     assert not big["complete"] and big["completion_time_s"] is None
