@@ -28,7 +28,7 @@ import pytest
 import yaml
 from ccscope_testkit import prometheus3
 from ccscope_testkit.cgroups import Tree, cgroup_tree, kubepods_systemd, pod_logs
-from ccscope_testkit.net import free_port, stop_process
+from ccscope_testkit.net import free_port, netns_name, stop_process
 from ccscope_testkit.prereqs import ROOT, require, require_bpf_object, require_root, require_tools
 
 DASHBOARDS = ROOT / "dashboards"
@@ -288,8 +288,8 @@ def stack(request):
     if request.param == "2.42":
         require_tools("prometheus")
     prometheus = "prometheus" if request.param == "2.42" else str(prometheus3.binary())
-    tag = f"{os.getpid() % 100000}{request.param[0]}"
-    ns_a, ns_r, ns_b = (f"ccsdash{tag}{x}" for x in "arb")
+    tag = f"{os.getpid() % 100000}{request.param[0]}"  # device names: at most 15 characters
+    ns_a, ns_r, ns_b = (netns_name(f"dash{request.param[0]}{x}") for x in "arb")
     tmp = Path(tempfile.mkdtemp(prefix="ccscope-dash-"))
     procs: list[subprocess.Popen] = []
     exporter: ScenarioExporter | None = None

@@ -27,6 +27,7 @@ import pytest
 from ccscope.emulation import backends
 from ccscope.emulation.netns import iproute_in
 from ccscope.emulation.profile import LinkProfile
+from ccscope_testkit.net import kill_netns_processes, netns_name
 from ccscope_testkit.prereqs import ROOT, require_bpf_object, require_root, require_tools
 
 TARGET = "198.51.100.100"
@@ -56,9 +57,8 @@ class Net:
     """The namespaces, the shaping, the far-end servers; close() removes everything."""
 
     def __init__(self, tmp: Path) -> None:
-        tag = f"ccrp{os.getpid()}"
-        self.laptop, self.server = f"{tag}-lap", f"{tag}-srv"
-        self.routers = {name: f"{tag}-r{name}" for name in PATHS}
+        self.laptop, self.server = netns_name("lap"), netns_name("srv")
+        self.routers = {name: netns_name(f"r{name}") for name in PATHS}
         self.tmp = tmp
         self.procs: list[subprocess.Popen] = []
         self.serve_log = tmp / "serve.log"
@@ -146,7 +146,7 @@ class Net:
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
         for ns in self.namespaces:
-            sh("ip", "netns", "pids", ns, check=False)
+            kill_netns_processes(ns)
             sh("ip", "netns", "del", ns, check=False)
 
 

@@ -2,8 +2,10 @@
 TCP_INFO, free ports, a real `ccscope daemon` to scrape. Standard library only, no dependency on
 ccscope.emulation (it is what some of them test).
 
-Everything made here is named with the process id, so parallel runs and other engineers' namespaces
-never collide, and `Link.close()` / `netns()` remove it all (call them from a finally or a fixture).
+Everything made here is named with the process id (netns_name()), so parallel runs and other engineers'
+namespaces never collide, and `Link.close()` / `netns()` remove it all (call them from a finally or a
+fixture). A run killed outright (SIGKILL) runs no finally: remove_stale_namespaces() removes what a dead
+test process left, at the start of the next session (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ CCSCOPE = [sys.executable, "-m", "ccscope.cli"]
 CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)
 _counter = iter(range(1_000_000))
+NETNS_PREFIX = "ccst"  # then the creating process's id, a "-", and the test's own tag
+_OWNED_NETNS = re.compile(rf"{NETNS_PREFIX}(\d+)-")
 
 # struct tcp_info (include/uapi/linux/tcp.h): 8 u8 fields, then u32 fields from byte 8, u64 ones from 104.
 TCPI_CA_STATE = 1
@@ -97,7 +101,7 @@ class Link:
     @classmethod
     def create(cls, net: str = "192.0.2", net6: str | None = None) -> Link:
         """`net6` is a /48 prefix without the trailing '::', e.g. 'fd00:cc5:0'."""
-        tag = f"ccst{os.getpid()}x{next(_counter)}"
+        tag = netns_name(f"x{next(_counter)}")
         link = cls(a=f"{tag}a", r=f"{tag}r", b=f"{tag}b", addr_a=f"{net}.1", addr_b=f"{net}.130",
                    addr6_a=f"{net6}:1::1" if net6 else None, addr6_b=f"{net6}:2::2" if net6 else None)
         try:
@@ -197,10 +201,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def netns_name(tag: str) -> str:
+    """A name for a test's namespace: this process's, so remove_stale_namespaces() knows when it is left over."""
+    return f"{NETNS_PREFIX}{os.getpid()}-{tag}"
+
+
+def remove_stale_namespaces() -> list[str]:
+    """Removes the namespaces (and what still runs in them) of test processes that no longer exist; their
+    names, sorted. Other live processes' namespaces, and everything not named by netns_name(), stay."""
+    stale = []
+    for name in sorted(os.listdir("/run/netns")) if os.path.isdir("/run/netns") else []:
+        owner = _OWNED_NETNS.match(name)
+        if owner and int(owner[1]) != os.getpid() and not Path(f"/proc/{owner[1]}").exists():
+            kill_netns_processes(name)
+            run("ip", "netns", "del", name, check=False)
+            stale.append(name)
+    return stale
+
+
 @contextlib.contextmanager
 def netns(tag: str) -> Iterator[str]:
     """A scratch namespace with loopback up, removed with everything running in it."""
-    name = f"ccst{os.getpid()}{tag}"
+    name = netns_name(tag)
     run("ip", "netns", "add", name)
     try:
         run("ip", "-n", name, "link", "set", "lo", "up")
