@@ -79,6 +79,10 @@ def test_a_varying_trace_is_checked_against_the_rates_it_spans(tmp_path):
     assert plan.highest_bps == pytest.approx(12e6 * frames, rel=0.01)
     assert plan.accepts(12.08e6 * frames) and plan.accepts(4e6 * frames)
     assert not plan.accepts(13e6 * frames) and not plan.accepts(3.7e6 * frames)
+    outage = tmp_path / "outage.trace"  # 12 Mbit/s for 3 s, then nothing for 3 s (a cellular trace's gap)
+    outage.write_text("".join(f"{t}\n" for t in [*range(1, 3001), 6000]))
+    plan = pathcheck.rate_plan(profile(delay="20ms", up={"trace": str(outage), "queue": "200p"}))
+    assert plan is not None and plan.lowest_bps == 0 and plan.accepts(0.5e6)
     steady = tmp_path / "steady.trace"
     steady.write_text("".join(f"{t}\n" for t in range(1, 101)))
     plan = pathcheck.rate_plan(profile(delay="20ms", up={"trace": str(steady)}))

@@ -137,8 +137,7 @@ def test_plan_hash_is_the_plan_not_the_host(tmp_path):
 
 def _cluster_paths(tmp_path: Path) -> Path:
     """The real-path scenario realpath.yaml's ConfigMap mounts into the shards' pods."""
-    (config,) = [d for d in _docs("realpath.yaml") if d["kind"] == "ConfigMap"]
-    (text,) = config["data"].values()
+    (text,) = _realpath("ConfigMap")["data"].values()
     return _tiny(tmp_path, text)
 
 

@@ -97,7 +97,8 @@ class RatePlan:
 
     def accepts(self, rate_bps: float) -> bool:
         """Within RATE_TOLERANCE of the expected rate, or of the range a varying trace spans."""
-        low, high = self.lowest_bps or self.expected_bps, self.highest_bps or self.expected_bps
+        low = self.expected_bps if self.lowest_bps is None else self.lowest_bps  # 0: a trace with an outage
+        high = self.expected_bps if self.highest_bps is None else self.highest_bps
         return low * (1 - RATE_TOLERANCE) <= rate_bps <= high * (1 + RATE_TOLERANCE)
 
     @property
