@@ -142,16 +142,19 @@ def test_bufferbloat_large_queue_raises_rtt_under_load(ccscope_cmd, tmp_path, ho
     doc = results.load(out)
     rows = {r["profile"]: r for r in doc["summary"]}
     small, large, isolated = rows["small-queue"], rows["large-queue"], rows["large-queue-isolated"]
-    # 10 Mbit/s, 20 ms RTT: 20 packets of queue add ~24 ms, 100 packets ~120 ms
-    assert large["ping_p95_ms"]["mean"] > 2 * small["ping_p95_ms"]["mean"]
-    assert large["srtt_p95_ms"]["mean"] > 2 * small["srtt_p95_ms"]["mean"]
-    assert small["ping_p95_ms"]["mean"] > 20.0  # still above the base RTT: the queue is in use
+    # 10 Mbit/s, 20 ms RTT: 20 packets of queue add ~24 ms, 100 packets ~120 ms. Medians, not the p95: a run
+    # has ~100 pings, and beside two busy loops the host took a CPU for ~100 ms five times in one run, which
+    # put the isolated profile's ping p95 at 96.6 ms (its median 20.0; quiet, p95 21.2). Medians measured:
+    # ping 32-34, 98-101, 20.0 ms; srtt 35-37, 97-104, 112 ms (small, large, isolated).
+    assert large["ping_median_ms"]["mean"] > 2 * small["ping_median_ms"]["mean"]
+    assert large["srtt_median_ms"]["mean"] > 2 * small["srtt_median_ms"]["mean"]
+    assert small["ping_median_ms"]["mean"] > 20.0  # still above the base RTT: the queue is in use
     # the fix: ping and downloads in their own queue skip the bulk flow's 100 packets ...
-    assert isolated["ping_p95_ms"]["mean"] < 0.5 * large["ping_p95_ms"]["mean"]
+    assert isolated["ping_median_ms"]["mean"] < 0.5 * large["ping_median_ms"]["mean"]
     dl = {name: row["downloads"]["by_size"]["100000"]["completion_time_s"]["mean"] for name, row in rows.items()}
     assert dl["large-queue-isolated"] < 0.6 * dl["large-queue"], dl
     # ... while the bulk flow keeps its queue (its own RTT stays bloated) and the link rate
-    assert isolated["srtt_p95_ms"]["mean"] > 2 * small["srtt_p95_ms"]["mean"]
+    assert isolated["srtt_median_ms"]["mean"] > 2 * small["srtt_median_ms"]["mean"]
     assert isolated["goodput_bps"]["mean"] > 0.85 * large["goodput_bps"]["mean"]
     iso_runs = [r for r in doc["runs"] if r["profile"] == "large-queue-isolated"]
     assert iso_runs and all(r["link"]["up"]["interactive_packets"] > 0 for r in iso_runs)
