@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from ccscope.emulation import PathProfile, Testbed, probe_backends
+from ccscope.emulation import PathProfile, Testbed, probe_backends, testbed
 from ccscope.emulation.backends import DELAYLINE, SHAPER_HANDLE, qdisc_stats_by_handle
 from ccscope.emulation.netns import iproute_in
 from ccscope.emulation.profile import ETH_FRAME as FRAME
@@ -194,6 +194,24 @@ def test_trace_link_delivers_the_trace_rate(tmp_path):
         assert rate == pytest.approx(12e6 * 1514 / 1500, rel=0.04)
         assert tb.link_stats()["up"]["queue_drops"] > 0
         assert statistics.median(tb.ping_rtts(count=5)) == pytest.approx(0.010, abs=0.0025)
+
+
+def test_the_rate_probe_and_its_iperf3_share_one_cpu(monkeypatch):
+    """A CPU the host stops must stop the probe too (testbed._on_one_cpu): the thread that reads the counters
+    and iperf3's client run on one CPU, and the caller has all its CPUs back afterwards."""
+    seen: dict[str, set[int]] = {}
+    sample = testbed._egress_samples
+
+    def watched(ipr, client, *args):
+        seen["probe"], seen["iperf3"] = os.sched_getaffinity(0), os.sched_getaffinity(client.pid)
+        return sample(ipr, client, *args)
+
+    monkeypatch.setattr(testbed, "_egress_samples", watched)
+    before = os.sched_getaffinity(0)
+    with Testbed(profile(rate="10mbit", delay="5ms")) as tb:
+        assert tb.udp_rate(15e6) == pytest.approx(10e6, rel=0.03)
+    assert len(seen["probe"]) == 1 and seen["iperf3"] == seen["probe"], seen
+    assert os.sched_getaffinity(0) == before
 
 
 def test_jitter_keeps_packet_order():
