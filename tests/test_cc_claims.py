@@ -125,14 +125,21 @@ def test_two_copa_flows_share_fairly(deep) -> None:
     assert sum(goodputs) >= 0.85 * RATE_BPS * GOODPUT_CEILING, goodputs
 
 
+SPIKE_S = 0.1
+
+
 def _fall_onsets(t: list[float], delay: list[float]) -> list[int]:
-    """Where the link slowed down: the start of each climb of the queueing delay above 40 ms that
-    follows 0.5 s below 20 ms, but for at most a tenth of its samples. One sample above is a machine stall,
-    not the link: beside a CPU hog the samples stopped for 110 ms (7.00-7.11 s), and the delay line then
-    released the held packets at once (26.5 ms for one sample), 0.26 s before a real fall to 4 Mbit/s."""
+    """Where the link slowed down: the start of each climb of the queueing delay above 40 ms that stays above
+    it for SPIKE_S and follows 0.5 s below 20 ms, but for at most a tenth of its samples. Shorter spikes are
+    machine stalls, not the link: beside a CPU hog the samples stopped for 110 ms (7.00-7.11 s), and the
+    delay line then released the held packets at once (26.5 ms for one sample), 0.26 s before a real fall to
+    4 Mbit/s; in another run two such stalls at 12 Mbit/s read 60 and 67 ms, back under 40 ms within 15 ms,
+    and were taken for falls. After a real fall the delay stays above 40 ms until Copa slows down (0.3 s
+    and more)."""
     onsets: list[int] = []
     for i, d in enumerate(delay):
-        if d <= 40.0:
+        held = [delay[j] for j in range(i, len(t)) if t[j] <= t[i] + SPIKE_S]
+        if d <= 40.0 or t[i] + SPIKE_S > t[-1] or min(held) <= 40.0:
             continue
         start = i
         while start > 0 and delay[start - 1] >= 20.0:
@@ -142,6 +149,18 @@ def _fall_onsets(t: list[float], delay: list[float]) -> list[int]:
         if start not in onsets and t[start] - 0.5 >= t[0] and before and quiet:
             onsets.append(start)
     return onsets
+
+
+def test_a_stall_of_the_machine_is_not_a_fall_of_the_link() -> None:
+    """The shape of the failing run (samples every 12 ms): a 100 ms gap in the samples, then 60, 41, 28 ms of
+    queueing delay back to 2 ms within 15 ms; later a real fall, the queue climbing to 80 ms and staying."""
+    t = [1.0 + 0.012 * i for i in range(200)]
+    delay = [2.0] * 200
+    t[50:] = [x + 0.1 for x in t[50:]]  # the machine stopped for 100 ms
+    delay[50:55] = [60.2, 40.9, 27.8, 21.7, 15.0]
+    climb = [5.7, 11.7, 22.2, 33.4, 42.6, 52.5, 62.1, 68.8, 73.3, 77.3, 80.7, 82.2]
+    delay[150:] = climb + [82.0] * (50 - len(climb))
+    assert _fall_onsets(t, delay) == [152]  # the climb's start: its first sample at or above 20 ms
 
 
 def test_copa_follows_rate_changes(steps) -> None:
