@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -14,6 +15,9 @@ from pathlib import Path
 from ccscope_testkit.prereqs import require, require_root
 
 AVAILABLE = Path("/proc/sys/net/ipv4/tcp_available_congestion_control")
+
+# Two-sided 99.9 % quantiles of Student's t by degrees of freedom: a false alarm 1 time in 1,000 per comparison.
+T_999 = {2: 31.60, 3: 12.92, 4: 8.610, 5: 6.869, 6: 5.959, 7: 5.408, 8: 5.041}
 
 # A process that uses BPF congestion controls like a scenario does, until its stdin closes.
 USER_SCRIPT = """
@@ -124,3 +128,13 @@ def post_recovery_ratios(out: Path, flow: dict) -> list[float]:
             if pipe >= 2:
                 ratios.append(float(rows[i]["cwnd_segments"]) / pipe)
     return ratios
+
+
+def mean_tolerance(cells: list[list[float]], a: list[float], b: list[float], rel: float = 0.05) -> float:
+    """How far the means of the runs a and b may lie apart: `rel` of a's mean or, where runs vary more than
+    that, the 99.9 % bound of Student's t for the difference of two means, with the standard deviation of
+    a run around its cell's mean pooled over `cells` (every cell run under the same conditions, a and b
+    among them)."""
+    squares = sum((v - statistics.fmean(cell)) ** 2 for cell in cells for v in cell)
+    df = sum(len(cell) - 1 for cell in cells)
+    return max(rel * statistics.fmean(a), T_999[df] * math.sqrt(squares / df) * math.sqrt(1 / len(a) + 1 / len(b)))

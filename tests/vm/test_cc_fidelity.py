@@ -7,12 +7,11 @@ noisy) and check each algorithm's signature. About 8 minutes (one boot; the scen
 from __future__ import annotations
 
 import json
-import math
 import statistics
 from pathlib import Path
 
 import pytest
-from cchelpers import flow_rows, post_recovery_ratios, queued_packets
+from cchelpers import flow_rows, mean_tolerance, post_recovery_ratios, queued_packets
 from labhelpers import PYTHON, ROOT, lab
 
 pytestmark = pytest.mark.stock_kernel
@@ -51,20 +50,7 @@ def test_native_and_bpf_both_ran_as_recorded(fidelity) -> None:
         assert all(f["algorithm_ok"] and f["algorithm_kernel"] == run["algorithms"] for f in run["flows"])
 
 
-# Two-sided 99.9 % quantiles of Student's t by degrees of freedom: a false alarm 1 time in 1,000 per comparison.
-T_999 = {2: 31.60, 3: 12.92, 4: 8.610, 5: 6.869, 6: 5.959, 7: 5.408, 8: 5.041}
 METRICS = {"goodput": lambda f: f["goodput_bps"], "mean srtt": lambda f: f["srtt_ms"]["mean"]}
-
-
-def run_spread(doc: dict, profile: str, metric) -> tuple[float, int]:
-    """The standard deviation of one run's value around its cell's mean (a cell: one implementation on the
-    profile), pooled over every cell of the profile; and its degrees of freedom."""
-    squares, df = 0.0, 0
-    for algorithm in {a for pair in PAIRS for a in pair}:
-        values = [metric(f) for f in _flows(doc, profile, algorithm)]
-        squares += sum((v - statistics.fmean(values)) ** 2 for v in values)
-        df += len(values) - 1
-    return math.sqrt(squares / df), df
 
 
 @pytest.mark.parametrize("profile", ["clean", "lossy"])
@@ -88,8 +74,8 @@ def test_goodput_and_srtt_agree(fidelity, profile: str, native: str, bpf: str) -
     for what, metric in METRICS.items():
         a = [metric(f) for f in _flows(doc, profile, native)]
         b = [metric(f) for f in _flows(doc, profile, bpf)]
-        spread, df = run_spread(doc, profile, metric)
-        tolerance = max(0.05 * statistics.fmean(a), T_999[df] * spread * math.sqrt(1 / len(a) + 1 / len(b)))
+        cells = [[metric(f) for f in _flows(doc, profile, alg)] for pair in PAIRS for alg in pair]
+        tolerance = mean_tolerance(cells, a, b)
         if abs(statistics.fmean(b) - statistics.fmean(a)) > tolerance:
             problems.append(f"{profile} {what}: {native} {sorted(a)}, {bpf} {sorted(b)} (tolerance {tolerance:.3g})")
     assert not problems, problems
