@@ -1,7 +1,8 @@
 """Scenarios at their full durations, as a user types them (no --quick), and bulk flows that outlive a pipe.
 
-These are the suite's slowest tests (about 7 minutes together on 2 cores): a 60 s flow, every built-in at
-its full duration with one run and one algorithm set, and a bulk flow whose iperf3 client is killed.
+These are the suite's slowest tests (about 7 minutes together on 2 cores): every built-in at its full
+duration with one run and one algorithm set (bbr-vs-cubic's flows last 60 s, and their reports outgrow a
+pipe), and a bulk flow whose iperf3 client is killed.
 Each checks the host afterwards with HostSnapshot, like the quick scenario tests."""
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ from pathlib import Path
 
 import pytest
 from ccscope.scenario import results, spec
+from ccscope.units import parse_duration
 from ccscope_testkit.prereqs import require_bpf_object, require_root, require_tools
 from emulation_helpers import HostSnapshot
 
-PIPE_CAPACITY = 65536  # Linux default; the iperf3 report of a 20 s flow is larger
+PIPE_CAPACITY = 65536  # Linux default
 
 # Each built-in at full duration: --runs 1, one algorithm set (fairness keeps a competing pair). A test asserts
 # that this covers every built-in.
@@ -36,11 +38,11 @@ BUILTINS = {
 # runs two of them, short, and checks the shares move as the model says).
 SHARDS = {"bbr-vs-cubic": "1/5"}
 
-SIXTY_SECONDS = """\
-name: sixty-seconds
-description: one bulk flow of 60 s with ping under load
+KILLED_CLIENT = """\
+name: killed-client
+description: one bulk flow of 12 s with ping under load, its iperf3 client killed
 algorithms: [cubic]
-duration: 60s
+duration: 12s
 warmup: 3s
 runs: 1
 profiles:
@@ -49,8 +51,6 @@ traffic:
   bulk: {flows: 1}
   ping: {interval: 100ms}
 """
-
-KILLED_CLIENT = SIXTY_SECONDS.replace("sixty-seconds", "killed-client").replace("60s", "12s")
 
 
 @pytest.fixture(autouse=True)
@@ -77,26 +77,6 @@ def _csv_times(path: Path) -> list[float]:
         return [float(row["time_s"]) for row in csv.DictReader(fh)]
 
 
-def test_sixty_second_bulk_flow_keeps_every_report(ccscope_cmd, tmp_path, host):
-    spec, out = tmp_path / "sixty.yaml", tmp_path / "out"
-    spec.write_text(SIXTY_SECONDS)
-    res = _scenario(ccscope_cmd, "run", str(spec), "--out", str(out), timeout=240)
-    assert res.returncode == 0, res.stderr
-    doc = results.load(out)
-    [run] = doc["runs"]
-    assert run["errors"] == [] and doc["errors"] == []
-    [flow] = run["flows"]
-    raw = out / "raw" / "path_cubic_r1" / "iperf3-client0.out"
-    assert raw.stat().st_size > PIPE_CAPACITY  # the case that blocked on a pipe before
-    assert flow["iperf3"]["received_seconds"] == pytest.approx(60, abs=1.0)
-    # 20 Mbit/s of frames carry 20 * 1448/1514 Mbit/s of payload; BPF and iperf3 agree on it
-    assert 0.85 * 19.13e6 <= flow["goodput_bps"] <= 1.03 * 19.13e6
-    assert flow["goodput_bps"] == pytest.approx(flow["iperf3"]["goodput_bps"], rel=0.05)
-    times = _csv_times(out / flow["csv"])
-    assert times[-1] - times[0] >= 58
-    assert run["ping"]["sent"] >= 550 and run["ping"]["received"] >= 0.95 * run["ping"]["sent"]
-
-
 def test_every_builtin_is_run_at_full_duration():
     assert set(BUILTINS) == set(spec.builtin_scenarios())
 
@@ -120,12 +100,30 @@ def test_builtin_at_full_duration(ccscope_cmd, tmp_path, host, name):
             assert flow["goodput_bps"] and flow["goodput_bps"] > 0
             assert flow["goodput_bps"] == pytest.approx(flow["iperf3"]["goodput_bps"], rel=0.1)
             assert flow["algorithm_ok"] is True
+        _assert_every_report_kept(out, doc, run)
         if traffic.get("downloads"):
             assert run["downloads"] and all(d["error"] is None or "time limit" in d["error"]
                                             for d in run["downloads"])
             assert any(d["complete"] for d in run["downloads"])
         if traffic.get("ping"):
             assert run["ping"]["received"] > 0
+
+
+def _assert_every_report_kept(out: Path, doc: dict, run: dict) -> None:
+    """Each flow's iperf3 report, BPF series and ping cover the whole duration, however large the reports grew."""
+    duration_s = doc["scenario"]["duration_s"]
+    for flow in run["flows"]:
+        # at least the duration: the receiver's report also covers the queue's drain (31.6 s of a 30 s flow at 1 Mbit/s)
+        assert flow["iperf3"]["received_seconds"] >= duration_s - 1, flow["iperf3"]
+        times = _csv_times(out / flow["csv"])
+        assert times[-1] - times[0] >= duration_s - 2, (flow["csv"], times[0], times[-1])
+    if duration_s >= 60:  # ~3 KB of iperf3 report per second: these outgrow a pipe, the case that blocked before
+        raw = sorted((out / "raw").glob("*/iperf3-client*.out"))
+        assert raw and all(path.stat().st_size > PIPE_CAPACITY for path in raw), raw
+    interval = doc["scenario"]["definition"]["traffic"].get("ping", {}).get("interval")
+    if interval and run["flows"]:  # ping lasts as long as the bulk flows
+        expected = duration_s / parse_duration(interval, "ping interval")
+        assert run["ping"]["sent"] >= 0.9 * expected, (run["ping"], expected)
 
 
 def _pid_writing_to(path: Path, deadline_s: float) -> int:
