@@ -11,6 +11,7 @@ from ccscope.cc import registry
 from ccscope.host import state
 from ccscope_testkit.net import remove_stale_namespaces
 from ccscope_testkit.prereqs import SLOW_MODULES
+from watched_scenario import WatchedScenario, watch
 
 
 def pytest_configure() -> None:
@@ -57,3 +58,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def ccscope_cmd() -> list[str]:
     """Run the CLI exactly as a user would, with this interpreter."""
     return [sys.executable, "-m", "ccscope.cli"]
+
+
+@pytest.fixture(scope="session")
+def watched_quick_scenario(tmp_path_factory: pytest.TempPathFactory) -> WatchedScenario:
+    """wired-vs-wireless --quick run once, its live page watched and /metrics scraped (tests/watched_scenario.py)."""
+    return watch(tmp_path_factory.mktemp("watched"))

@@ -388,63 +388,46 @@ def _data_connection_port(link: Link, port: int) -> int:
 # --- a scenario's progress --------------------------------------------------------------------------------------------
 
 
-def test_scenario_page_shows_the_run_in_progress_over_finished_runs(tmp_path: Path) -> None:
-    """The issue's demo, shortened: wired-vs-wireless --quick with 4 s flows (8 runs) and no path check. Vegas runs
-    as ccscope's BPF program where the kernel has none, and the page then names it as the report does."""
-    _live_prerequisites()
-    out, port = tmp_path / "out", free_port()
-    argv = _cli("scenario", "wired-vs-wireless", "--quick", "--duration", "4s", "--no-verify", "--listen",
-                f"127.0.0.1:{port}", "--out", str(out))
-    with _process(argv, "live page") as (proc, line), chromium() as driver:
-        assert f"http://127.0.0.1:{port}/" in line
-        driver.get(f"http://127.0.0.1:{port}/")
-        assert wait_js(driver, "Number(document.body.dataset.scenarioRun) >= 1 "
-                               "&& Number(document.body.dataset.scenarioProgress) > 0", timeout=30)
-        label = driver.find_element("id", "sc-label").text
-        label_re = (r"run \d/8: profile (wired|wireless), (reno|cubic|bbr|vegas|vegas \(BPF\)), repetition 1"
-                    r"( \(finished\))?")
-        assert re.fullmatch(label_re, label), label
-        planned = driver.execute_script("return window.ccscopeLive.scenario.algorithms;")
-        # the table of the run's flows: iperf3's, named by process; no cgroup resolver in a scenario: no CGROUP/POD
-        table = wait_js(driver, "window.ccscopeLive.table.rows.length ? window.ccscopeLive.table : null", timeout=30)
-        assert table and "CGROUP/POD" not in table["columns"], table
-        comm = table["columns"].index("COMM")
-        assert {r["cells"][comm] for r in table["rows"]} == {"iperf3"}, table
-        # a run in progress drawn over finished runs of its profile, its curve growing
-        overlaid = "Number(document.body.dataset.currentOverlaid) >= 1 && Number(document.body.dataset.currentPoints)"
-        first = wait_js(driver, f"{overlaid} >= 20 && Number(document.body.dataset.currentPoints)", timeout=60)
-        assert first, driver.execute_script("return [document.body.dataset, window.ccscopeLive.scenario];")
-        assert wait_js(driver, f"{overlaid} >= {first + 20}", timeout=5), "the current run's curve stopped growing"
-        shot = screenshot(driver, artifacts_dir(tmp_path), "live-scenario.png")
-        # the report link once written
-        # 8 runs of 4 s with set-up and teardown: ~80 s on an idle machine, much longer beside other work
-        report_url = wait_js(driver, "window.ccscopeLive.scenario.report_url", timeout=300)
-        assert report_url == "report/report.html", (
-            driver.execute_script("return [document.body.dataset, window.ccscopeLive.scenario];"), proc.poll(),
-            console_errors(driver))
-        final_runs = driver.execute_script("return window.ccscopeLive.runs;")
-        legends = driver.execute_script(
-            "return [...document.querySelectorAll('#sc-charts .u-legend .u-label')].map((l) => l.textContent);")
-        finished = driver.execute_script("return [...document.querySelectorAll('#sc-runs li')]"
-                                         ".map((li) => li.textContent);")
-        assert proc.wait(timeout=60) == 0
-        assert console_errors(driver) == []
-    assert (out / "report.html").is_file() and shot.is_file()
+def test_scenario_page_shows_the_run_in_progress_over_finished_runs(watched_quick_scenario) -> None:
+    """The issue's demo, shortened: wired-vs-wireless --quick with 5 s flows (8 runs), watched in Chromium
+    (tests/watched_scenario.py). Vegas runs as ccscope's BPF program where the kernel has none, and the page then
+    names it as the report does."""
+    watched = watched_quick_scenario
+    page, out = watched.page, watched.out
+    assert page["announced"], watched.stderr  # the live page's address, printed
+    assert page["started"], page
+    label_re = (r"run \d/8: profile (wired|wireless), (reno|cubic|bbr|vegas|vegas \(BPF\)), repetition 1"
+                r"( \(finished\))?")
+    assert re.fullmatch(label_re, page["label"]), page["label"]
+    # the table of the run's flows: iperf3's, named by process; no cgroup resolver in a scenario: no CGROUP/POD
+    table = page["table"]
+    assert table and "CGROUP/POD" not in table["columns"], table
+    comm = table["columns"].index("COMM")
+    assert {r["cells"][comm] for r in table["rows"]} == {"iperf3"}, table
+    # a run in progress drawn over finished runs of its profile, its curve growing
+    assert page["first_points"], page["state_then"]
+    assert page["grew"], ("the current run's curve stopped growing", page["state_then"])
+    # the report link once written
+    assert page["report_url"] == "report/report.html", (page["state_at_end"], watched.returncode,
+                                                        page["console_errors"])
+    assert watched.returncode == 0, watched.stderr
+    assert page["console_errors"] == []
+    assert (out / "report.html").is_file() and page["screenshot"].is_file()
     doc = json.loads((out / "results.json").read_text())
-    page_runs = [r["label"] for r in final_runs]
+    page_runs = [r["label"] for r in page["runs"]]
     assert sorted(page_runs) == sorted(r["label"] for r in doc["runs"]), page_runs
     # names as the report gives them: `vegas (BPF)` where ccscope's program ran
     shown = {name: impl["display"] for name, impl in doc["implementations"].items()}
     assert (shown["vegas"] == "vegas (BPF)") == (doc["implementations"]["vegas"]["implementation"] == "bpf")
-    assert planned == [shown[a] for a in ("reno", "cubic", "bbr", "vegas")]
-    for done in final_runs:
+    assert page["planned"] == [shown[a] for a in ("reno", "cubic", "bbr", "vegas")]
+    for done in page["runs"]:
         algorithm = shown[done["label"].split("/")[1].split("#")[0]]
         [curve] = done["flows"]  # the bulk flow (iperf3's control connection carries too little)
         assert curve["cc"] == algorithm and max(curve["cwnd"]) >= 10
-        assert 3.5 <= curve["t"][-1] - curve["t"][0] <= 8.0, done["label"]  # a 4 s flow (and its close)
+        assert 4.5 <= curve["t"][-1] - curve["t"][0] <= 9.0, done["label"]  # a 5 s flow (and its close)
         assert done["summary"].startswith(f"{algorithm} "), done
-        assert f"{algorithm} #1" in legends, legends
-        assert f"{done['label']}: {done['summary']}" in finished
+        assert f"{algorithm} #1" in page["legends"], page["legends"]
+        assert f"{done['label']}: {done['summary']}" in page["finished"]
 
 
 # --- closing while the table is read --------------------------------------------------------------------------------

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import csv
 import os
+import shutil
 import signal
 import subprocess
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -18,7 +18,6 @@ from ccscope.cc.provide import kernel_algorithms
 from ccscope.host import state
 from ccscope.scenario import results
 from ccscope.scenario.recorder import CSV_HEADER
-from ccscope_testkit.net import free_port
 from ccscope_testkit.prereqs import require_bpf_object, require_root, require_tools
 from emulation_helpers import HostSnapshot
 
@@ -56,27 +55,12 @@ def _csv_rows(path: Path) -> list[dict]:
         return list(csv.DictReader(fh))
 
 
-def test_wired_vs_wireless_quick(ccscope_cmd, tmp_path, host):
-    out = tmp_path / "wvw"
-    port = free_port()
-    proc = subprocess.Popen([*ccscope_cmd, "scenario", "wired-vs-wireless", "--quick", "--duration", "5s",
-                             "--out", str(out), "--listen", f"127.0.0.1:{port}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    labelled = set()
-    deadline = time.monotonic() + 240
-    while proc.poll() is None and time.monotonic() < deadline:
-        try:
-            body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
-        except OSError:
-            body = ""
-        for line in body.splitlines():
-            if line.startswith("ccscope_flow_cwnd_segments{") and 'scenario="wired-vs-wireless"' in line:
-                profile = line.split('profile="')[1].split('"')[0]
-                algorithm = line.split('algorithm="')[1].split('"')[0]
-                labelled.add((profile, algorithm))
-        time.sleep(0.5)
-    stdout, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 0, stderr
+def test_wired_vs_wireless_quick(ccscope_cmd, tmp_path, watched_quick_scenario):
+    """The quick scenario as a user runs it (tests/watched_scenario.py: its live page open meanwhile)."""
+    watched = watched_quick_scenario
+    out, stdout, stderr = watched.out, watched.stdout, watched.stderr
+    assert watched.returncode == 0, stderr
+    assert not watched.left_behind, watched.left_behind  # no namespace, qdisc, rule, sysctl or process
     assert "Traceback" not in stderr
     assert "[8/8]" in stderr  # progress per run
     assert "goodput Mbit/s" in stdout and "wireless" in stdout  # the summary table
@@ -117,7 +101,7 @@ def test_wired_vs_wireless_quick(ccscope_cmd, tmp_path, host):
     rows = {(r["profile"], r["algorithm"]): r for r in doc["summary"]}
     assert set(rows) == {(p, a) for p in ("wired", "wireless") for a in ("reno", "cubic", "bbr", "vegas")}
     # live endpoint: flows were labelled with their run while it ran
-    assert labelled & {("wired", a) for a in ("reno", "cubic", "bbr")}
+    assert watched.labelled & {("wired", a) for a in ("reno", "cubic", "bbr")}
 
     html = (out / "report.html").read_text()
     assert vegas["display"] in html  # tables and legends say which implementation ran
@@ -125,7 +109,8 @@ def test_wired_vs_wireless_quick(ccscope_cmd, tmp_path, host):
         path = out / "plots" / png
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
         assert f"plots/{png}" in html
-    # `ccscope report DIR` re-renders from results.json and the CSVs alone
+    # `ccscope report DIR` re-renders from results.json and the CSVs alone (a copy: the live tests read the run too)
+    out = Path(shutil.copytree(out, tmp_path / "copy"))
     for p in (out / "plots").iterdir():
         p.unlink()
     (out / "report.html").unlink()
