@@ -42,7 +42,7 @@ from ccscope.live.table import TableSource
 from ccscope.loader import ProbeOptions, TelemetryProbe
 from ccscope.metrics_endpoint import MetricsServer
 from ccscope_testkit.cgroups import Tree, cgroup_tree, kubepods_systemd, pod_logs
-from ccscope_testkit.net import Link, Sink, connect, free_port, parse_metrics, run, wait_for, wait_port
+from ccscope_testkit.net import Link, Sink, connect, free_port, parse_metrics, run, stop_process, wait_for, wait_port
 from ccscope_testkit.prereqs import ROOT, require, require_bpf_object, require_root, require_tools
 from livehelpers import artifacts_dir, chromium, console_errors, require_browser, screenshot, wait_js
 from prometheus_client import CollectorRegistry
@@ -91,13 +91,7 @@ def _process(argv: list[str], ready: str) -> Iterator[tuple[subprocess.Popen, st
                 return
         raise AssertionError(f"{argv[3]} never printed {ready!r}: {''.join(seen)}")
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, timeout=20)
 
 
 @pytest.fixture

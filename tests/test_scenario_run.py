@@ -175,10 +175,6 @@ def test_sigkill_then_cleanup_leaves_nothing(ccscope_cmd, tmp_path, host):
     assert res.returncode == 0 and "nothing to clean up" in res.stdout
 
 
-def _pids() -> list[int]:
-    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
-
-
 def _cmdline(pid: int) -> bytes:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes()

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ccscope.live import vendor
-from ccscope_testkit.net import free_port
+from ccscope_testkit.net import free_port, stop_process
 from ccscope_testkit.prereqs import require, require_bpf_object, require_root, require_tools
 from emulation_helpers import HostSnapshot
 from livehelpers import artifacts_dir, chromium, console_errors, require_browser, screenshot, wait_js
@@ -68,7 +68,7 @@ def watch(directory: Path) -> WatchedScenario:
         run.returncode = proc.wait(timeout=RUN_TIMEOUT_S)
     finally:
         done.set()
-        _stop(proc)
+        stop_process(proc, timeout=30)
         scraper.join(timeout=10)
     run.stdout, run.stderr = stdout.read_text(), stderr.read_text()
     try:
@@ -129,13 +129,3 @@ def _scrape_labels(port: int, labelled: set[tuple[str, str]], done: threading.Ev
                     labelled.add((line.split('profile="')[1].split('"')[0],
                                   line.split('algorithm="')[1].split('"')[0]))
         done.wait(0.5)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
