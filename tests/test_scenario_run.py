@@ -6,6 +6,7 @@ qdisc, iptables rule, sysctl, process or state file left behind."""
 from __future__ import annotations
 
 import csv
+import operator
 import os
 import shutil
 import signal
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from ccscope.cc.provide import kernel_algorithms
+from ccscope.emulation.testbed import steal_s
 from ccscope.host import state
 from ccscope.scenario import results
 from ccscope.scenario.recorder import CSV_HEADER
@@ -198,6 +200,7 @@ def test_time_limited_downloads_and_competing_flows(ccscope_cmd, tmp_path, host)
     Two loss-based algorithms, not cubic+bbr: BBR ignores loss, and on this 3-BDP tail-drop queue the two
     dropped 19% of the up direction's packets (225 of 1191); the 5 KB download then lost its first segment
     5 times in a row and received nothing in 3 s: the network, which ccscope reported as it was."""
+    steal_before = steal_s()
     doc = _run_file(ccscope_cmd, tmp_path, """
 name: mini
 algorithms: [[cubic, reno]]
@@ -209,6 +212,7 @@ traffic:
   bulk: {flows: 1, stagger: 0.5s}
   downloads: {sizes: [5KB, 2MB], timeout: 3s, start: 1s}
 """)
+    stolen_s = sum(map(operator.sub, steal_s(), steal_before))
     [run] = doc["runs"]
     assert [f["algorithm_kernel"] for f in run["flows"]] == ["cubic", "reno"]
     assert [f["algorithm_iperf3"] for f in run["flows"]] == ["cubic", "reno"]
@@ -217,10 +221,14 @@ traffic:
     # common window (per algorithm), never above the router's counter, not summed over each flow's own window,
     # which holds the 0.5 s one flow had the link alone (2.19 Mbit/s in a CI run). The link stays full, and
     # the 2 MB download, one flow of three for 3 s of the 4, takes up to a third of it: bulk flows 1.29 of
-    # 2.00 Mbit/s in a CI run, the download 0.83 Mbit/s over its 3 s.
+    # 2.00 Mbit/s in a CI run, the download 0.83 Mbit/s over its 3 s. The link idles while the host holds a
+    # CPU of ours (steal; ~100 ms at a time beside busy loops, see testbed.steal_s): the delay line or the
+    # senders stop. Beside two busy loops, 14 runs read 1.94-2.00 Mbit/s with 0.1-0.4 s of steal (2.00 with
+    # none), and a CI run 1.88; the bound gives the link up to all the run's steal (window ~4.3 s of ~9 s).
     link = run["link_window_bps"]
+    window_s = run["window_s"][1] - run["window_s"][0]
     total = sum(p["goodput_bps"] for p in run["per_algorithm"].values())
-    assert 0.95 * 2e6 <= link <= 2e6 * 1.03
+    assert 0.95 * 2e6 * max(0.0, 1 - stolen_s / window_s) <= link <= 2e6 * 1.03, (link, stolen_s, window_s)
     assert 0.5 * link * 1448 / 1514 <= total <= link * 1448 / 1514, (total, link)
     small, big = run["downloads"]
     # cubic and reno drop 7-8% here (86-94 of ~1200 packets): the 5 KB took 0.14-1.57 s in four runs

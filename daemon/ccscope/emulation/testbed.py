@@ -484,7 +484,7 @@ def _on_one_cpu() -> Iterator[None]:
         os.sched_setaffinity(0, allowed)
 
 
-def _steal_s() -> list[float]:
+def steal_s() -> list[float]:
     """Per CPU, the time the host ran something else while that CPU of ours had work (/proc/stat's steal).
 
     Beside two busy loops the host sometimes takes one of our CPUs for 100 ms (a CPU quota's period, we
@@ -511,7 +511,7 @@ def _egress_samples(ipr: IPRoute, client: subprocess.Popen, startup_s: float, wi
     busy_since: float | None = None
     backlog: int | None = None
     backlog_at = fit_at = -math.inf
-    steal = _steal_s()
+    steal = steal_s()
     samples: list[pathcheck.Sample] = []
     give_up = time.monotonic() + startup_s
     while client.poll() is None:
@@ -520,7 +520,7 @@ def _egress_samples(ipr: IPRoute, client: subprocess.Popen, startup_s: float, wi
         if now - backlog_at >= BACKLOG_EVERY_S:
             shaper = backends.qdisc_stats_by_handle(ipr, idx).get(backends.SHAPER_HANDLE)
             backlog, backlog_at = None if shaper is None else shaper["backlog"], now
-            steal, previous_steal = _steal_s(), steal
+            steal, previous_steal = steal_s(), steal
             stolen = max(map(operator.sub, steal, previous_steal), default=0.0)
         t0 = time.monotonic()
         tx = _tx_bytes_here("veth-rr")
