@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from ccscope.cc import registry
@@ -22,16 +26,59 @@ def pytest_configure() -> None:
     tests that press Ctrl-C on a child saw it ignored (exit 0 instead of 130; a testbed that never left). A
     Python handler here is reset to the default in every child at exec, so each child starts as from a
     terminal."""
-    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _terminated)
+    signal.signal(signal.SIGINT, _interrupted)
+    signal.signal(signal.SIGTERM, _interrupted)
 
 
-def _terminated(signum: int, frame: object) -> None:
-    """SIGTERM (a CI job's timeout, `kill`, the end of a session) as Ctrl-C: pytest then tears every fixture
-    down, as it does on KeyboardInterrupt. Python's default for SIGTERM ends the process on the spot, and a
-    suite stopped that way in test_realpath left its four namespaces (ccrp729-*) and their delay lines."""
+CHILD_SIGNAL_WAIT_S = 2.0  # for children that got the same signal (a terminal's Ctrl-C, a job's group kill)
+CHILD_TEARDOWN_S = 60.0  # a scenario's teardown takes 1-3 s; the bound for children that never exit
+_STOPPING: list[int] = []  # the signal being handled, once one came
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    """SIGINT and SIGTERM (a CI job's timeout, `kill`, the end of a session) as Ctrl-C: pytest then tears
+    every fixture down, as it does on KeyboardInterrupt. Python's default for SIGTERM ends the process on the
+    spot, and a suite stopped that way in test_realpath left its four namespaces (ccrp729-*) and their delay
+    lines. First the session's children get their Ctrl-C and the time to act on it: subprocess.run kills its
+    child 0.25 s after a KeyboardInterrupt, and a SIGTERM during test_bbr_vs_cubic's sweep so left the
+    scenario's three namespaces and two delay lines behind. A second signal meanwhile stops the waiting."""
+    if not _STOPPING:
+        _STOPPING.append(signum)
+        children = _running_children()
+        _wait_gone(children, CHILD_SIGNAL_WAIT_S)
+        for pid in _running(children):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGINT)
+        _wait_gone(children, CHILD_TEARDOWN_S)
     raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+
+def _running_children() -> list[int]:
+    """This process's children that have not exited (a zombie is left for its Popen to reap)."""
+    me = os.getpid()
+    return [pid for pid, ppid, process_state in _processes() if ppid == me and process_state != "Z"]
+
+
+def _running(pids: list[int]) -> list[int]:
+    alive = {pid for pid, _, process_state in _processes() if process_state != "Z"}
+    return [pid for pid in pids if pid in alive]
+
+
+def _wait_gone(pids: list[int], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while _running(pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _processes() -> Iterator[tuple[int, int, str]]:
+    """(pid, parent pid, state) of every process, from /proc/PID/stat."""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            yield int(entry), int(fields[1]), fields[0]
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -401,8 +401,9 @@ def test_ctrl_c_while_the_report_is_written_ends_with_130(tmp_path):
         Garbage()  # collected at once: the KeyboardInterrupt is raised inside __del__ and swallowed there
         return tmp_path / "report.html"
 
+    before = signal.getsignal(signal.SIGINT)
     with pytest.raises(Interrupted) as info:
         write_report(render, tmp_path, 4)
     assert info.value.exit_code == 130
     assert "while writing the report; the 4 runs are saved" in info.value.line()
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+    assert signal.getsignal(signal.SIGINT) is before  # put back

@@ -5,6 +5,7 @@ removes (a scenario's namespaces, state and BPF congestion controls)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -47,6 +48,30 @@ traffic:
 """
 
 
+RENO_SCENARIO = """
+name: interrupted-reno
+description: reno, to be interrupted while it runs
+algorithms: [reno]
+duration: 30s
+runs: 1
+profiles:
+  short: {rate: 10mbit, delay: 10ms, queue: 1bdp}
+traffic:
+  bulk: {flows: 1}
+"""
+
+# A test that runs a scenario as most tests do, with subprocess.run (which kills its child 0.25 s after a
+# KeyboardInterrupt).
+SCENARIO_CHILD_TEST = """
+import subprocess
+import sys
+
+def test_runs_a_scenario():
+    subprocess.run([sys.executable, "-m", "ccscope.cli", "scenario", "run", "SCENARIO", "--no-verify",
+                    "--listen", "off", "--out", "OUT"], timeout=120)
+"""
+
+
 def _namespaces() -> set[str]:
     return set(os.listdir("/run/netns")) if os.path.isdir("/run/netns") else set()
 
@@ -81,6 +106,47 @@ def test_sigterm_tears_the_fixtures_down(tmp_path: Path) -> None:
             proc.wait()
     assert proc.returncode == 2, "".join(lines) + rest  # pytest's "interrupted"
     assert name not in _namespaces(), "the fixture's namespace outlived a SIGTERM"
+
+
+def test_sigterm_gives_a_scenario_child_its_teardown(tmp_path: Path) -> None:
+    """SIGTERM to a session whose test waits in subprocess.run for a scenario: the scenario gets its Ctrl-C and
+    tears down (namespaces, state) before pytest's KeyboardInterrupt kills what is left, and saves its results
+    as interrupted by SIGINT."""
+    require_root()
+    out = tmp_path / "out"
+    (tmp_path / "scenario.yaml").write_text(RENO_SCENARIO)
+    (tmp_path / "test_scenario_child.py").write_text(
+        SCENARIO_CHILD_TEST.replace("SCENARIO", str(tmp_path / "scenario.yaml")).replace("OUT", str(out)))
+    session = _session(tmp_path, "test_scenario_child.py")
+    ours = []
+    try:
+        deadline = time.monotonic() + 60
+        while not ((ours := [r for r in state.all_states() if _parent(r.pid) == session.pid])
+                   and set(ours[0].namespaces) <= _namespaces() and (out / "results.json").exists()):
+            assert session.poll() is None and time.monotonic() < deadline, "the scenario never got going"
+            time.sleep(0.1)
+        session.send_signal(signal.SIGTERM)
+        output = session.communicate(timeout=120)[0]
+    finally:
+        if session.poll() is None:
+            session.kill()
+            session.wait()
+        for orphan in [r.pid for r in ours if _parent(r.pid) is not None]:  # a scenario the failure left running
+            os.kill(orphan, signal.SIGINT)
+        left = ours and set(ours[0].namespaces) & _namespaces()
+        if left:
+            subprocess.run([*CCSCOPE, "cleanup"], capture_output=True, timeout=60)
+    assert session.returncode == 2, output  # pytest's "interrupted"
+    assert not left, f"the scenario's namespaces outlived the session's SIGTERM: {left}"
+    assert ours[0].path not in state.state_dir().iterdir()
+    assert json.loads((out / "results.json").read_text())["interrupted"] == "SIGINT", output
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return None
 
 
 def test_a_dead_test_process_namespaces_are_removed_and_no_one_elses() -> None:
