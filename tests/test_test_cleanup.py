@@ -35,23 +35,11 @@ def test_sleeps(scratch):
 """
 
 
-COPA_SCENARIO = """
-name: killed-copa
-description: BPF Copa, to be killed with SIGKILL while it runs
-algorithms: [copa]
-duration: 30s
-runs: 1
-profiles:
-  short: {rate: 10mbit, delay: 10ms, queue: 1bdp}
-traffic:
-  bulk: {flows: 1}
-"""
-
-
-RENO_SCENARIO = """
-name: interrupted-reno
-description: reno, to be interrupted while it runs
-algorithms: [reno]
+# A 30 s scenario of one algorithm, to be stopped while it runs.
+LONG_SCENARIO = """
+name: stopped-ALGORITHM
+description: ALGORITHM, to be stopped while it runs
+algorithms: [ALGORITHM]
 duration: 30s
 runs: 1
 profiles:
@@ -114,7 +102,7 @@ def test_sigterm_gives_a_scenario_child_its_teardown(tmp_path: Path) -> None:
     as interrupted by SIGINT."""
     require_root()
     out = tmp_path / "out"
-    (tmp_path / "scenario.yaml").write_text(RENO_SCENARIO)
+    (tmp_path / "scenario.yaml").write_text(LONG_SCENARIO.replace("ALGORITHM", "reno"))
     (tmp_path / "test_scenario_child.py").write_text(
         SCENARIO_CHILD_TEST.replace("SCENARIO", str(tmp_path / "scenario.yaml")).replace("OUT", str(out)))
     session = _session(tmp_path, "test_scenario_child.py")
@@ -188,7 +176,7 @@ def test_a_killed_scenario_is_cleaned_up_by_the_next_session(tmp_path: Path) -> 
     """SIGKILL a scenario once its namespaces are up and BPF Copa is registered for it: the next session
     starts by removing both, and says so."""
     require_root()
-    (tmp_path / "scenario.yaml").write_text(COPA_SCENARIO)
+    (tmp_path / "scenario.yaml").write_text(LONG_SCENARIO.replace("ALGORITHM", "copa"))  # BPF Copa
     scenario = subprocess.Popen([*CCSCOPE, "scenario", "run", str(tmp_path / "scenario.yaml"), "--no-verify",
                                  "--listen", "off", "--out", str(tmp_path / "out")],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
