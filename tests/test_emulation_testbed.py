@@ -308,7 +308,7 @@ def short_flows_under_load(isolate: str | None) -> tuple[list[float], list[dict]
         flow.join()
         goodput = result["end"]["sum_received"]["bits_per_second"]
         return rtts, [json.loads(line) for line in out.splitlines()], tb.link_stats()["up"], \
-            {"goodput": goodput, "installed": tb.installed}
+            {"goodput": goodput, "installed": tb.installed, "lateness_s": tb.machine_lateness_s()}
 
 
 def test_isolating_short_flows_keeps_their_latency_low():
@@ -324,10 +324,14 @@ def test_isolating_short_flows_keeps_their_latency_low():
     # 10 Mbit/s, at most 22 ms more (measured 25-42 ms, with two busy loops 37-42 ms); the rest see
     # the path's 20 ms. The old check, p95 < half the shared p95, sat on those three, so one more late
     # ping (~100 ms; the VM stalls for 15-97 ms about once a minute, see pathcheck) failed CI with a
-    # p95 of 83 ms. The third quartile, and the middle of the three highest, tolerate such a ping.
+    # p95 of 83 ms. The third quartile, and the middle of the three highest, tolerate such a ping. Beside
+    # two busy loops two such pings came in one train (90.7, 95.5 ms), the middle of the three highest
+    # then among them; a late ping carries the delay lines' own record of the machine's stall, which the
+    # bound adds (their worst release after its due time, up and down: ~0 quiet).
     assert quartile(iso_rtts, 3) < 0.020 + 0.005, iso_rtts
     interactive_drain_s = 25_000 * 8 / (0.9 * 10e6)
-    assert statistics.median(sorted(iso_rtts)[-3:]) < 0.020 + interactive_drain_s + 0.010, iso_rtts
+    assert statistics.median(sorted(iso_rtts)[-3:]) < 0.020 + interactive_drain_s + 0.010 + iso["lateness_s"], (
+        iso_rtts, iso["lateness_s"])
     assert len(shared_dl) == len(iso_dl) == 3 and all(d["complete"] for d in shared_dl + iso_dl)
     shared_t = [d["completion_time_s"] for d in shared_dl]
     iso_t = [d["completion_time_s"] for d in iso_dl]

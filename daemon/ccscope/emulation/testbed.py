@@ -328,6 +328,11 @@ class Testbed:
                                         self.receiver_addr], timeout=timeout).stdout
         return [float(x) / 1e3 for x in re.findall(r"time=([0-9.]+) ms", out)]
 
+    def machine_lateness_s(self) -> float:
+        """How late the delay lines released a packet at worst, the two directions added (0 with netem): the
+        time the machine did not run them (see delayline.c's LATE_NS), which one round trip may carry."""
+        return sum(dl.stats().get("max_late_us", 0) for dl in self._delaylines.values()) / 1e6
+
     def egress_bytes(self, direction: str = "up") -> int:
         """Bytes (layer 2) that have left the router towards the receiver ("up") or the sender ("down")."""
         dev = {"up": "veth-rr", "down": "veth-rs"}[direction]
