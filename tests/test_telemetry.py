@@ -295,7 +295,8 @@ def test_induced_loss_raises_retransmits_and_moves_ca_state(link: Link) -> None:
         if trace and trace.poll() is None:
             trace.kill()
             trace.wait()
-    iperf_retrans = json.loads(out.stdout)["end"]["sum_sent"]["retransmits"]
+    report = json.loads(out.stdout)["end"]
+    iperf_retrans = report["sum_sent"]["retransmits"]
     assert iperf_retrans > 0
     assert after and after[0] - (before[0] if before else 0) >= 1
     samples = [json.loads(line) for line in lines.splitlines()]
@@ -304,8 +305,11 @@ def test_induced_loss_raises_retransmits_and_moves_ca_state(link: Link) -> None:
     states = {s["ca_state"] for s in sender}
     assert states - {"open"}, f"ca_state never left open: {states}"
     assert max(s["retransmits"] for s in sender) > 0
-    # counts are cumulative: the last sample of the flow has as many retransmits as iperf3 at most
-    assert max(s["retransmits"] for s in sender) <= iperf_retrans
+    # Counts are cumulative. iperf3 reads TCP_INFO's total_retrans when it stops sending; what is in flight then
+    # may still be lost and sent again before the flow closes, which the trace sees (beside two busy loops: 104
+    # against iperf3's 101). So the flow's last sample has iperf3's count and at most a window more.
+    window_packets = report["streams"][0]["sender"]["max_snd_cwnd"] // 1448
+    assert max(s["retransmits"] for s in sender) <= iperf_retrans + window_packets, window_packets
 
 
 # --- IPv6 -----------------------------------------------------------------------------------------------------------
