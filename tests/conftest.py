@@ -7,13 +7,11 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from ccscope.cc import registry
 from ccscope.host import state
-from ccscope_testkit.net import remove_stale_namespaces
+from ccscope_testkit.net import process_states, remove_stale_namespaces
 from ccscope_testkit.prereqs import SLOW_MODULES
 from watched_scenario import WatchedScenario, watch
 
@@ -56,11 +54,11 @@ def _interrupted(signum: int, frame: object) -> None:
 def _running_children() -> list[int]:
     """This process's children that have not exited (a zombie is left for its Popen to reap)."""
     me = os.getpid()
-    return [pid for pid, ppid, process_state in _processes() if ppid == me and process_state != "Z"]
+    return [pid for pid, ppid, process_state in process_states() if ppid == me and process_state != "Z"]
 
 
 def _running(pids: list[int]) -> list[int]:
-    alive = {pid for pid, _, process_state in _processes() if process_state != "Z"}
+    alive = {pid for pid, _, process_state in process_states() if process_state != "Z"}
     return [pid for pid in pids if pid in alive]
 
 
@@ -68,17 +66,6 @@ def _wait_gone(pids: list[int], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while _running(pids) and time.monotonic() < deadline:
         time.sleep(0.05)
-
-
-def _processes() -> Iterator[tuple[int, int, str]]:
-    """(pid, parent pid, state) of every process, from /proc/PID/stat."""
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            yield int(entry), int(fields[1]), fields[0]
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -223,8 +223,9 @@ traffic:
     # the 2 MB download, one flow of three for 3 s of the 4, takes up to a third of it: bulk flows 1.29 of
     # 2.00 Mbit/s in a CI run, the download 0.83 Mbit/s over its 3 s. The link idles while the host holds a
     # CPU of ours (steal; ~100 ms at a time beside busy loops, see testbed.steal_s): the delay line or the
-    # senders stop. Beside two busy loops, 14 runs read 1.94-2.00 Mbit/s with 0.1-0.4 s of steal (2.00 with
-    # none), and a CI run 1.88; the bound gives the link up to all the run's steal (window ~4.3 s of ~9 s).
+    # senders stop. Beside two busy loops, 31 runs read 1.915-2.002 Mbit/s, the low ones with more steal (2.00
+    # with none, 1.94 with 0.4 s), and a CI run 1.88; the bound gives the link up to all the run's steal
+    # (window ~4.3 s of ~9 s).
     link = run["link_window_bps"]
     window_s = run["window_s"][1] - run["window_s"][0]
     total = sum(p["goodput_bps"] for p in run["per_algorithm"].values())

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ccscope.cc import registry
 from ccscope.host import state
-from ccscope_testkit.net import CCSCOPE, netns_name, remove_stale_namespaces, run
+from ccscope_testkit.net import CCSCOPE, netns_name, parent_pid, remove_stale_namespaces, run
 from ccscope_testkit.prereqs import ROOT, require_root
 
 SLEEPING_TEST = """
@@ -109,7 +109,7 @@ def test_sigterm_gives_a_scenario_child_its_teardown(tmp_path: Path) -> None:
     ours = []
     try:
         deadline = time.monotonic() + 60
-        while not ((ours := [r for r in state.all_states() if _parent(r.pid) == session.pid])
+        while not ((ours := [r for r in state.all_states() if parent_pid(r.pid) == session.pid])
                    and set(ours[0].namespaces) <= _namespaces() and (out / "results.json").exists()):
             assert session.poll() is None and time.monotonic() < deadline, "the scenario never got going"
             time.sleep(0.1)
@@ -119,7 +119,7 @@ def test_sigterm_gives_a_scenario_child_its_teardown(tmp_path: Path) -> None:
         if session.poll() is None:
             session.kill()
             session.wait()
-        for orphan in [r.pid for r in ours if _parent(r.pid) is not None]:  # a scenario the failure left running
+        for orphan in [r.pid for r in ours if parent_pid(r.pid) is not None]:  # a scenario the failure left running
             os.kill(orphan, signal.SIGINT)
         left = ours and set(ours[0].namespaces) & _namespaces()
         if left:
@@ -128,13 +128,6 @@ def test_sigterm_gives_a_scenario_child_its_teardown(tmp_path: Path) -> None:
     assert not left, f"the scenario's namespaces outlived the session's SIGTERM: {left}"
     assert ours[0].path not in state.state_dir().iterdir()
     assert json.loads((out / "results.json").read_text())["interrupted"] == "SIGINT", output
-
-
-def _parent(pid: int) -> int | None:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except OSError:
-        return None
 
 
 def test_a_dead_test_process_namespaces_are_removed_and_no_one_elses() -> None:

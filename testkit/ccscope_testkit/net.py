@@ -243,6 +243,27 @@ def held_prog_ids(pid: int) -> set[int]:
     return ids
 
 
+def process_states() -> Iterator[tuple[int, int, str]]:
+    """(pid, parent pid, state letter) of every process, from /proc/PID/stat."""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (fields := _stat_fields(int(entry))):
+            yield int(entry), int(fields[1]), fields[0]
+
+
+def parent_pid(pid: int) -> int | None:
+    """The parent of `pid`, None once it is gone."""
+    fields = _stat_fields(pid)
+    return int(fields[1]) if fields else None
+
+
+def _stat_fields(pid: int) -> list[str]:
+    """/proc/PID/stat after the command name (state, ppid, ...); [] once the process is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return []
+
+
 def stop_process(proc: subprocess.Popen, sig: int | None = signal.SIGTERM, timeout: float = 10.0) -> int:
     """Send `sig` (None: it was told to exit some other way), wait, SIGKILL after `timeout`; the exit status."""
     if sig is not None and proc.poll() is None:
