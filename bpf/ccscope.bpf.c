@@ -54,6 +54,14 @@ struct {
 	__type(value, __u64); /* first_ns */
 } first_seen SEC(".maps");
 
+/* Per socket: how much of its tp->total_retrans is already in cc_stats and cgroup_stats (add_retransmits). */
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, __u32);
+} retrans_counted SEC(".maps");
+
 /*
  * Sampling gate: a small per-CPU direct-mapped cache of "socket cookie -> time of
  * its next sample". A hit costs an inlined array access and a compare; a miss
@@ -551,32 +559,52 @@ int BPF_PROG(tcp_probe_skc, struct sock *sk, const struct sk_buff *skb)
 	return probe(sk, bpf_skc_to_tcp_sock(sk));
 }
 
+/*
+ * Retransmitted segments as the kernel counts them (tp->total_retrans, tcpi_total_retrans): what the socket added
+ * since it was last counted. Counting hits of tcp_retransmit_skb instead was wrong three ways: a hit can carry
+ * several segments (a reno flow at 2 % random loss: 49 hits, 141 segments), newer kernels (6.18 here) also fire
+ * it for retransmissions that failed, and a flow's count fell short of TCP_INFO's now and then (100 of 107).
+ * Runs under the socket's lock (the tracepoint's and TCP_CLOSE's callers hold it): no two at once per socket.
+ */
+static __always_inline void add_retransmits(struct sock *sk, struct tcp_sock *tp, __u32 slot)
+{
+	__u32 *counted = bpf_sk_storage_get(&retrans_counted, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	char ca_name[CCSCOPE_CA_NAME_LEN] = {};
+	__u32 total = tp->total_retrans, segments;
+	struct cgroup_stats *cg;
+	struct cc_stats *stats;
+	struct config *cfg;
+
+	if (!counted)
+		return;
+	segments = total - *counted;
+	*counted = total;
+	if (!segments)
+		return;
+	read_ca_name(tp, ca_name);
+	stats = cc_stats_for(ca_name);
+	if (stats)
+		__sync_fetch_and_add(&stats->retransmits, segments);
+	cfg = get_config();
+	if (cfg && cfg->cgroup_stats) {
+		cg = cgroup_stats_at(slot);
+		if (cg)
+			cg->retransmits += segments;
+	}
+}
+
 SEC("tp_btf/tcp_retransmit_skb")
 int BPF_PROG(tcp_retransmit_skb, const struct sock *sk, const struct sk_buff *skb)
 {
 	__u64 cookie = bpf_get_socket_cookie((void *)sk);
 	struct flow *f = bpf_map_lookup_elem(&flows, &cookie);
 	struct tcp_sock *tp = bpf_skc_to_tcp_sock((void *)sk);
-	char ca_name[CCSCOPE_CA_NAME_LEN] = {};
-	struct cgroup_stats *cg;
-	struct cc_stats *stats;
-	struct config *cfg;
 
 	count(CCSCOPE_CNT_RETRANSMIT_EVENTS);
 	if (f)
 		__sync_fetch_and_add(&f->retransmit_events, 1);
-	if (!tp)
-		return 0;
-	read_ca_name(tp, ca_name);
-	stats = cc_stats_for(ca_name);
-	if (stats)
-		__sync_fetch_and_add(&stats->retransmits, 1);
-	cfg = get_config();
-	if (cfg && cfg->cgroup_stats) {
-		cg = cgroup_stats_at(f ? f->cgroup_slot : cgroup_slot(socket_cgroup_id(sk), 0));
-		if (cg)
-			cg->retransmits += 1;
-	}
+	if (tp)
+		add_retransmits((struct sock *)sk, tp, f ? f->cgroup_slot : cgroup_slot(socket_cgroup_id(sk), 0));
 	return 0;
 }
 
@@ -627,8 +655,10 @@ int BPF_PROG(inet_sock_set_state, const struct sock *sk, const int oldstate, con
 		return 0;
 	now = bpf_ktime_get_ns();
 	tp = bpf_skc_to_tcp_sock((void *)sk);
-	if (tp)
+	if (tp) {
 		refresh(f, (struct sock *)sk, tp, now);
+		add_retransmits((struct sock *)sk, tp, f->cgroup_slot); /* any a missed tcp_retransmit_skb left */
+	}
 	f->sk_state = TCP_CLOSE;
 	f->closed_ns = now;
 	count(CCSCOPE_CNT_FLOWS_CLOSED);

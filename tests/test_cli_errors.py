@@ -3,7 +3,6 @@ traceback. Every case runs the real CLI in a subprocess, the way a user meets it
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import socket
@@ -14,6 +13,8 @@ from pathlib import Path
 import pytest
 from ccscope import check
 from ccscope.errors import BpfError, PrerequisiteError, UsageError
+from ccscope.loader import PROGRAMS
+from ccscope_testkit.net import held_link_count, wait_for
 from ccscope_testkit.prereqs import require, require_bpf_object, require_root, require_tools
 
 USAGE, PREREQ, BPF = UsageError.exit_code, PrerequisiteError.exit_code, BpfError.exit_code
@@ -202,8 +203,10 @@ def test_interrupted_trace_has_no_traceback() -> None:
     proc = subprocess.Popen([sys.executable, "-m", "ccscope.cli", "trace", "--port", "1"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=1.5)  # loaded and polling
+        def attached_or_gone() -> bool:
+            return proc.poll() is not None or held_link_count(proc.pid) >= len(PROGRAMS)
+
+        assert wait_for(attached_or_gone, 15), "trace never attached its tracepoints"
         assert proc.poll() is None, proc.stderr.read()
         proc.send_signal(2)
         out, err = proc.communicate(timeout=15)

@@ -376,7 +376,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
     def on_samples(raws: list) -> None:
         nonlocal emitted
         for raw in raws:
-            if stop.is_set():
+            if args.count is not None and emitted >= args.count:
                 return
             if not flow_filter.matches_ids(raw):  # netns and ports, before paying for a decode
                 continue
@@ -403,6 +403,11 @@ def cmd_trace(args: argparse.Namespace) -> int:
                 if pending and not writer.put(pending):
                     break
                 pending.clear()
+            else:
+                # Ctrl-C, --duration or --count ended it: what the kernel wrote before that still goes out (the
+                # records wait in the ring up to 100 ms for the next drain, and a signal cuts that wait short)
+                ring.poll(0)
+                writer.put(pending)
         finally:
             ring.close()
             lost = probe.counters()

@@ -243,6 +243,16 @@ def held_prog_ids(pid: int) -> set[int]:
     return ids
 
 
+def held_link_count(pid: int) -> int:
+    """How many BPF links (attachments) a process holds, from its fdinfo: ccscope has attached its tracepoints
+    once it holds three."""
+    count = 0
+    for fd in Path(f"/proc/{pid}/fdinfo").iterdir():
+        with contextlib.suppress(OSError):
+            count += any(line.startswith("link_id:") for line in fd.read_text().splitlines())
+    return count
+
+
 def process_states() -> Iterator[tuple[int, int, str]]:
     """(pid, parent pid, state letter) of every process, from /proc/PID/stat."""
     for entry in os.listdir("/proc"):
