@@ -3,8 +3,10 @@ and cleanup (also after SIGTERM and SIGKILL). Each test checks the host is left 
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -214,13 +216,33 @@ def test_the_rate_probe_and_its_iperf3_share_one_cpu(monkeypatch):
     assert os.sched_getaffinity(0) == before
 
 
+REORDER_COUNTERS = ("TcpExtTCPSACKReorder", "TcpExtTCPTSReorder", "TcpExtTCPRenoReorder", "TcpExtTCPDSACKRecv")
+
+
+def tcp_ext(tb: Testbed, ns: str) -> dict[str, int]:
+    """The namespace's own TCP counters (nstat -a: absolute, no history file)."""
+    out = tb.run(ns, ["nstat", "-az", *REORDER_COUNTERS], timeout=5).stdout
+    return {name: int(value) for name, value, *_ in (line.split() for line in out.splitlines()[1:])}
+
+
 def test_jitter_keeps_packet_order():
+    """4 ms of jitter on 10 ms, and pings 2 ms apart: a delay line that drew each packet's delay alone would
+    swap most neighbours (their delays differ by up to 16 ms over the round trip). Order is kept: ping's
+    replies arrive in sequence, and the sender's kernel sees no reordering (it counts what SACKs, timestamps
+    and DSACKs reveal) and sends nothing again spuriously, against a flow that fills the link."""
     with Testbed(profile(rate="20mbit", delay="10ms", jitter="4ms")) as tb:
-        rtts = tb.ping_rtts(count=20, interval=0.01)
-        assert max(rtts) - min(rtts) > 0.002  # the delay varies
+        tb.ping_rtts(count=1)  # ARP
+        out = tb.run(tb.sender_ns, ["ping", "-n", "-c", "200", "-i", "0.002", "-W", "2", tb.receiver_addr],
+                     timeout=30).stdout
+        seqs = [int(x) for x in re.findall(r"icmp_seq=(\d+)", out)]
+        rtts = [float(x) for x in re.findall(r"time=([0-9.]+) ms", out)]
+        assert len(seqs) >= 190 and max(rtts) - min(rtts) > 4, out[-500:]  # the delay varies
+        assert seqs == sorted(seqs), [(a, b) for a, b in itertools.pairwise(seqs) if b < a][:10]
         tb.set_algorithm("cubic")
+        before = tcp_ext(tb, tb.sender_ns)
         end = iperf3(tb, seconds=2)["end"]
-        # reordering would show as spurious retransmits; queue overflow gives some, but not hundreds
+        after = tcp_ext(tb, tb.sender_ns)
+        assert {k: after[k] - before[k] for k in REORDER_COUNTERS} == dict.fromkeys(REORDER_COUNTERS, 0)
         assert end["sum_received"]["bits_per_second"] > 0.8 * 20e6
 
 
@@ -287,6 +309,18 @@ def test_two_runs_coexist():
     assert not any(Path("/run/netns", ns).exists() for ns in a.namespaces + b.namespaces)
 
 
+def wait_queue_filled(tb: Testbed, packets: int, timeout_s: float = 10) -> None:
+    """Until the up bottleneck holds `packets` full frames (its root qdisc's backlog counts every class's),
+    polled against a deadline: slow start and its losses take longer on a busy machine."""
+    def queued(ipr) -> int:
+        return max(q["backlog"] for q in qdisc_stats_by_handle(ipr, ipr.link_lookup(ifname="veth-rr")[0]).values())
+
+    deadline = time.monotonic() + timeout_s
+    while (backlog := iproute_in(tb.router_ns, queued)) < packets * FRAME:
+        assert time.monotonic() < deadline, f"queue never filled: {backlog} bytes"
+        time.sleep(0.01)
+
+
 def short_flows_under_load(isolate: str | None) -> tuple[list[float], list[dict], dict, dict]:
     """Pings and 100 KB downloads (port 5300) behind a cubic flow on 10 Mbit/s, 20 ms RTT, 100 packets."""
     p = profile(rate="10mbit", delay="10ms", queue="100p", **({"isolate": isolate} if isolate else {}))
@@ -298,7 +332,7 @@ def short_flows_under_load(isolate: str | None) -> tuple[list[float], list[dict]
         result: dict = {}
         flow = threading.Thread(target=lambda: result.update(iperf3(tb, seconds=6, omit=0)))
         flow.start()
-        time.sleep(2)  # past slow start: the bulk queue is full
+        wait_queue_filled(tb, 50)  # past slow start: half the bulk queue
         fetches = tb.popen(tb.receiver_ns, [sys.executable, "-m", "ccscope.scenario.fetch", "get", "--server",
                                             f"{tb.sender_addr}:{SHORT_FLOW_PORT}", "--sizes", "100000",
                                             "--timeout", "5", "--every", "1", "--until", "3"],
