@@ -310,6 +310,37 @@ def test_path_check_agrees_with_a_correct_emulator(name):
     assert up["packets"] >= pathcheck.MIN_PACKETS and up["delay_overflows"] == 0
 
 
+def retune_up_shaper(tb: Testbed, rate: str) -> None:
+    """Changes the rate of the up bottleneck's tbf behind the testbed's back, wherever it sits."""
+    shown = tb.run(tb.router_ns, ["tc", "qdisc", "show", "dev", "veth-rr"], timeout=5).stdout
+    where = re.search(r"qdisc tbf 2: (root|parent \S+)", shown)
+    assert where, shown
+    tb.run(tb.router_ns, ["tc", "qdisc", "change", "dev", "veth-rr", *where.group(1).split(), "handle", "2:", "tbf",
+                          "rate", rate, "burst", "10kb", "limit", "50kb"], timeout=5)
+
+
+def test_path_check_calls_a_wrongly_shaped_link_off():
+    """The real link differs from the profile: first its rate (tbf at 8 of 10 Mbit/s, beyond the 3 % the
+    check allows), then its delay (the profile asks 15 ms each way of a link that has 10). Each time the check
+    says OFF, for that quantity alone, with both numbers."""
+    require_root()
+    require_tools("ip", "iptables", "ethtool", "iperf3", "ping", "ss", "tc")
+    require(DELAYLINE.is_file(), f"{DELAYLINE.name} not built: run make")
+    with Testbed(profile(rate="10mbit", delay="10ms")) as tb:
+        retune_up_shaper(tb, "8mbit")
+        slow = tb.verify()
+        retune_up_shaper(tb, "10mbit")
+        tb.profile = profile(rate="10mbit", delay="15ms")
+        far = tb.verify()
+    assert slow.rtt_ok and not slow.rate_ok and not slow.ok, slow.message
+    assert slow.rate_measured_bps == pytest.approx(0.8 * slow.rate_expected_bps, rel=pathcheck.RATE_TOLERANCE)
+    assert f"; rate {slow.rate_measured_bps / 1e6:.2f} Mbit/s (expected 10.00) OFF" in slow.message, slow.message
+    assert far.rate_ok and not far.rtt_ok and not far.ok, far.message
+    assert far.rtt_measured_s == pytest.approx(0.020, abs=0.002)
+    assert far.message.startswith(f"RTT {far.rtt_measured_s * 1e3:.2f} ms (expected 30.00 ms ± "), far.message
+    assert re.match(r"RTT [^;]* OFF; rate [^;]* ok", far.message), far.message
+
+
 def stall(proc, seconds: float) -> threading.Thread:
     """Stops proc for `seconds` (as a machine that does not run it), in the background."""
     def hold():
