@@ -77,8 +77,17 @@ def test_a_real_two_buffer_sweep_moves_as_the_model_says(ccscope_cmd: list[str],
         assert sum(shares) == pytest.approx(1.0)
         goodputs = {f["algorithm"]: f["goodput_common_bps"] for f in run["flows"]}
         assert shares[0] == pytest.approx(goodputs["bbr"] / sum(goodputs.values()))
-    assert any(r.get("convergence_s") is not None for r in doc["runs"])
-    assert rows[("shallow", "bbr+cubic", "bbr")]["harm"]["throughput"]["mean"] is not None
+    # Convergence within the run's common window, where the shares settled (BBR's share 0.84 shallow and
+    # 0.08 deep in the quick built-in settle well inside 10 s)
+    converged = [r for r in doc["runs"] if r.get("convergence_s") is not None]
+    assert converged and all(0 <= r["convergence_s"] <= r["window_s"][1] - r["window_s"][0] for r in converged)
+    # Harm (Ware et al.): (solo - shared) / solo of BBR's goodput, against BBR alone on the same path. In the
+    # shallow buffer BBR keeps most of the link beside CUBIC, but not all of it: harm between 0 and 1.
+    [paired] = [r for r in doc["runs"] if r["profile"] == "shallow" and r["algorithms"] == "bbr+cubic"]
+    solo = rows[("shallow", "bbr", "bbr")]["goodput_bps"]["mean"]
+    shared = paired["per_algorithm"]["bbr"]["goodput_bps"]
+    harm = rows[("shallow", "bbr+cubic", "bbr")]["harm"]["throughput"]["mean"]
+    assert harm == pytest.approx((solo - shared) / solo) and 0 < harm < 1, (harm, solo, shared)
     assert doc["profiles"]["deep"]["queue_bytes"] == pytest.approx(16 * doc["profiles"]["deep"]["bdp_bytes"], rel=0.01)
     report = (tmp_path / "out" / "report.html").read_text()
     assert "shares.png" in report and "harm.png" in report and "Measured against expected" in report

@@ -263,7 +263,11 @@ def test_serve_both_directions_two_interfaces(net, tmp_path):
         assert flow["view"] == "sender" and flow["algorithm"] == run["algorithms"]
         assert FOREIGN_PORT not in (flow["sport"], flow["dport"]) and foreign_port not in (flow["sport"], flow["dport"])
         # goodput: the kernel's bytes_acked over the measured window against iperf3's own report
-        assert flow["goodput_bps"] == pytest.approx(flow["iperf3"]["goodput_bps"], rel=0.15), run["label"]
+        # In 24 runs: 0.993-1.001 of iperf3's, but 0.965-0.981 on wlan-down, the lossy direction (0.2 %),
+        # where reno's recoveries move bytes between the two reports' differently placed windows.
+        lossy = run["profile"] == "wlan-down"
+        assert flow["goodput_bps"] == pytest.approx(flow["iperf3"]["goodput_bps"], rel=0.05 if lossy else 0.02), \
+            run["label"]
         # the sender's kernel: ss -ti in the namespace that sent, for this connection
         local, peer = (flow["sport"], flow["dport"])
         seen = samplers["server" if down else "laptop"].seen.get((local, peer))
@@ -273,8 +277,11 @@ def test_serve_both_directions_two_interfaces(net, tmp_path):
         cwnd, srtt = csv_medians(tmp_path / "out", flow, skip_s=1.0)
         ss_cwnd = statistics.median(c for _, c, _ in seen[len(seen) // 4:])
         ss_rtt = statistics.median(r for _, _, r in seen[len(seen) // 4:])
-        assert cwnd == pytest.approx(ss_cwnd, rel=0.5), run["label"]
-        assert srtt == pytest.approx(ss_rtt, rel=0.5, abs=2.0), run["label"]
+        # Medians over the run of two samplings taken at different moments (ours, ss every ~0.1 s) of reno's
+        # sawtooth and BBR's cycle: cwnd 0.80-1.16 of ss's (a few segments on eth), srtt within 1.6 ms (5 %
+        # of wlan's 30), in 24 runs of this test; the telemetry itself equals TCP_INFO (test_telemetry).
+        assert cwnd == pytest.approx(ss_cwnd, rel=0.25, abs=1), run["label"]
+        assert srtt == pytest.approx(ss_rtt, rel=0.1, abs=1.5), run["label"]
     rows = {(r["profile"], r["algorithm"]): r for r in doc["summary"]}
     for d in ("up", "down"):
         for alg in ("bbr", "reno"):
@@ -284,8 +291,14 @@ def test_serve_both_directions_two_interfaces(net, tmp_path):
     paths = doc["real_paths"]
     assert set(paths) == set(profiles)
     for name, p in paths.items():
-        assert p["capacity_estimate_bps"] >= max(p["goodput_bps"].values())
-        assert p["idle_rtt_first_ms"] == pytest.approx(24 if "wlan" in name else 8, abs=6)  # 2 x (2+2) / (10+10)
+        link = PATHS[name.split("-")[0]][4]
+        # the capacity estimate is the best run's goodput; against the shaped link's TCP payload rate it read
+        # 0.92-1.00 in 16 runs (eth-up 35.2-35.4 of 38.3 Mbit/s, the others 0.99-1.00)
+        assert p["capacity_estimate_bps"] == max(p["goodput_bps"].values())
+        payload_bps = link.rate_bps * 1448 / 1514
+        assert 0.85 * payload_bps <= p["capacity_estimate_bps"] <= 1.01 * payload_bps, (name, payload_bps)
+        # the topology's idle RTT, 2 x (2 ms) on eth and 2 x (10 ms) on wlan: 4.05-4.11 and 20.1 ms measured
+        assert p["idle_rtt_first_ms"] == pytest.approx(2 * link.delay_s * 1e3, abs=1.0), name
     assert doc["profiles"]["eth-up"]["real"]["via"] == "eth"
     report = (tmp_path / "out" / "report.html").read_text()
     assert "Real paths" in report and "ccscope serve" in report
