@@ -335,7 +335,8 @@ def test_plain_iperf3_busy_then_bulk_and_receiver_view(net, tmp_path):
     up, down = runs["eth-up"], runs["wlan-down"]
     assert up["real"]["far_end"] == "iperf3" and up["flows"][0]["view"] == "sender"
     assert up["flows"][0]["algorithm_kernel"] == "bbr"
-    assert up["flows"][0]["goodput_bps"] == pytest.approx(up["flows"][0]["iperf3"]["goodput_bps"], rel=0.15)
+    # 1.0001-1.0002 of iperf3's in three runs, as the loss-free serve runs (0.993-1.001)
+    assert up["flows"][0]["goodput_bps"] == pytest.approx(up["flows"][0]["iperf3"]["goodput_bps"], rel=0.02)
     f = down["flows"][0]
     assert f["view"] == "receiver" and not down["real"]["sender_telemetry"] and "csv" not in f
     assert f["goodput_bps"] == f["iperf3"]["goodput_bps"] and f["algorithm_iperf3"] == "bbr"
