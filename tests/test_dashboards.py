@@ -22,6 +22,7 @@ import time
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -198,6 +199,19 @@ def _sh(*cmd: str) -> str:
     return subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=60).stdout
 
 
+def _unix(rfc3339: str) -> float:
+    """Prometheus's timestamps (nanosecond fractions, Z) as Unix seconds."""
+    whole, _, fraction = rfc3339.rstrip("Z").partition(".")
+    return datetime.fromisoformat(whole).replace(tzinfo=UTC).timestamp() + float(f"0.{fraction or 0}")
+
+
+def _all_past(st: Stack, t: float) -> bool:
+    """Whether every target was scraped, and every rule group evaluated, at or after Unix time t."""
+    scraped = [_unix(x["lastScrape"]) for x in st.api("targets")["activeTargets"]]
+    evaluated = [_unix(g["lastEvaluation"]) for g in st.api("rules")["groups"]]
+    return bool(scraped and evaluated) and min(scraped + evaluated) >= t
+
+
 def _wait(what: str, predicate, timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -362,7 +376,9 @@ def stack(request):
         time.sleep(2)             # the runner's gap between units
         unit("bbr", 6, "-C", "bbr")
         st.events["end"] = time.time()
-        time.sleep(4)             # stale markers for the run's series, and a few rule evaluations
+        # Stale markers for the run's series (the first scrape without them) and rule evaluations over the
+        # end: two of each after it (1 s intervals), by Prometheus's own account.
+        _wait("two scrapes and rule evaluations after the run", lambda: _all_past(st, st.events["end"] + 2), 30)
         st.end = time.time()
         yield st
     finally:
@@ -378,10 +394,10 @@ def stack(request):
 
 def test_the_flow_saw_losses(stack: Stack):
     """The bottleneck did its job: iperf3 itself reports retransmissions (so ssthresh became finite)."""
-    assert stack.iperf[0]["end"].get("sender_tcp_congestion", "cubic") == "cubic"
+    assert stack.iperf[0]["end"]["sender_tcp_congestion"] == "cubic"
     cubic = stack.iperf[0]["end"]["sum_sent"]
     assert cubic["retransmits"] > 0
-    assert stack.iperf[1]["end"].get("sender_tcp_congestion", "bbr") == "bbr"
+    assert stack.iperf[1]["end"]["sender_tcp_congestion"] == "bbr"
 
 
 @pytest.mark.parametrize("stack", ["3"], indirect=True)  # Prometheus 2.42 has no OTLP receiver

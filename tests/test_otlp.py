@@ -19,7 +19,7 @@ import pytest
 from ccscope import __version__
 from ccscope.otlp import INSTRUMENTS, ExportStats, OtlpOptions, OtlpPush
 from ccscope_testkit import prometheus3
-from ccscope_testkit.net import daemon, free_port
+from ccscope_testkit.net import daemon, free_port, values
 from ccscope_testkit.prereqs import ROOT, require_bpf_object, require_root, require_tools
 from prometheus_client.core import CounterMetricFamily
 
@@ -105,15 +105,19 @@ def test_pushed_series_reach_prometheus_3_as_ss_sees_them(exe: Path, idle_flow: 
     port = free_port()
     with prometheus3.running(exe, CONFIG.format(daemon=port), "--web.enable-otlp-receiver") as prom, \
             daemon("--otlp", f"{prom.url}/api/v1/otlp/v1/metrics", "--otlp-interval", "1s", "--otlp-timeout",
-                   "0.8s", port=port):
+                   "0.8s", port=port) as running:
         me = f'network_local_port="{idle_flow.port}"'
+
+        def pushes() -> float:
+            return sum(values(running.scrape(), "ccscope_otlp_exports_total", result="success"))
 
         def pushed_after_poke() -> list:
             idle_flow.poke()  # until the daemon, attached after the flow went idle, has seen it
             return prom.query(f"system_network_tcp_acked_bytes_total{{{me}}}")
 
-        acked = wait("the flow's pushed series", pushed_after_poke)
-        time.sleep(2.5)  # two more pushes: any value the first one raced is overwritten
+        wait("the flow's pushed series", pushed_after_poke)
+        pushed_so_far = pushes()  # two more, by the daemon's own count: any value the first one raced is overwritten
+        wait("two more pushes", lambda: pushes() >= pushed_so_far + 2)
         acked = prom.query(f"system_network_tcp_acked_bytes_total{{{me}}}")
         ss = idle_flow.ss()
         names = set(prom.api("label/__name__/values"))
