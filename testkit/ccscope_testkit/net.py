@@ -39,8 +39,9 @@ _OWNED_NETNS = re.compile(rf"{NETNS_PREFIX}(\d+)-")
 
 # struct tcp_info (include/uapi/linux/tcp.h): 8 u8 fields, then u32 fields from byte 8, u64 ones from 104.
 TCPI_CA_STATE = 1
-TCPI_U32 = {"unacked": 24, "rtt_us": 68, "snd_cwnd": 80, "total_retrans": 100, "min_rtt_us": 148}
-TCPI_U64 = {"pacing_rate": 104, "bytes_acked": 120}
+TCPI_U32 = {"unacked": 24, "rtt_us": 68, "rttvar_us": 72, "snd_ssthresh": 76, "snd_cwnd": 80, "total_retrans": 100,
+            "min_rtt_us": 148}
+TCPI_U64 = {"pacing_rate": 104, "bytes_acked": 120, "bytes_received": 128, "bytes_sent": 200}
 TCPI_SNAPLEN = 232
 
 

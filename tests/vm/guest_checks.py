@@ -105,10 +105,35 @@ class BulkFlow:
         if not self.done.wait(timeout):
             raise TimeoutError(f"sink got {self.received} of {nbytes} bytes")
         self.seconds = time.monotonic() - started
-        time.sleep(0.1)  # the last ACKs reach the sender, and its tcp_probe
+        self.timeout = timeout
         self.sport = self.client.getsockname()[1]
         self.dport = self.listener.getsockname()[1]
-        self.info = tcp_info(self.client)
+        self.info = self._acknowledged()
+
+    def _acknowledged(self) -> dict[str, int]:
+        """TCP_INFO once the receiver has acknowledged everything (the last ACKs are on their way back)."""
+        deadline = time.monotonic() + self.timeout
+        while (info := tcp_info(self.client))["unacked"]:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{info['unacked']} segments still unacknowledged")
+            time.sleep(0.01)
+        return info
+
+    def quiescent(self, read_map: Callable[[], dict | None]) -> dict | None:
+        """The sender's map entry as tcp_probe sampled it at a segment that came after everything was
+        acknowledged, and TCP_INFO then: one-byte nudges from the receiver, 5 ms apart (the guest samples at
+        most once a millisecond per flow), until the entry shows a nudge received. tcp_probe runs before a
+        segment's own bytes count, so that sample was taken at a later nudge, with nothing left to change."""
+        deadline = time.monotonic() + self.timeout
+        while time.monotonic() < deadline:
+            self.server.send(b"n")
+            self.client.recv(1)
+            seen = read_map()
+            if seen and seen.get("bytes_received", 0) >= 1:
+                self.info = tcp_info(self.client)
+                return seen
+            time.sleep(0.005)
+        raise TimeoutError("tcp_probe never sampled the quiescent sender")
 
     def _sink(self, nbytes: int) -> None:
         conn, _ = self.listener.accept()
@@ -152,10 +177,11 @@ class Probe:
             return None
         for f in self.probe.read_flows():
             if f.sport == sport and f.dport == dport and f.netns == netns_inum:
-                return {"ca_name": f.ca_name.decode(), "snd_cwnd": f.snd_cwnd, "srtt_us": f.srtt_us,
-                        "min_rtt_us": f.min_rtt_us, "total_retrans": f.total_retrans,
-                        "retransmit_events": f.retransmit_events, "bytes_acked": f.bytes_acked,
-                        "pacing_rate": f.pacing_rate}
+                return {"ca_name": f.ca_name.decode(), "snd_cwnd": f.snd_cwnd, "snd_ssthresh": f.snd_ssthresh,
+                        "srtt_us": f.srtt_us, "rttvar_us": f.rttvar_us, "min_rtt_us": f.min_rtt_us,
+                        "total_retrans": f.total_retrans, "retransmit_events": f.retransmit_events,
+                        "bytes_acked": f.bytes_acked, "bytes_sent": f.bytes_sent,
+                        "bytes_received": f.bytes_received, "pacing_rate": f.pacing_rate}
         return {"missing": True}
 
     def close(self) -> None:
@@ -204,14 +230,24 @@ def check_kernel(probe: Probe) -> dict:
     }
 
 
+CORE_NETEM = ["rate", "1mbit", "delay", "5ms", "loss", "1%", "limit", "30"]
+
+
 def check_core(probe: Probe) -> dict:
-    """A real loopback flow: telemetry against TCP_INFO of the same socket."""
-    flow = BulkFlow(None, "127.0.0.1", None, 8 << 20)
+    """A shaped, lossy flow (the router's egress: netem 1 Mbit/s, 5 ms, 1 % loss, a 30-packet queue), its
+    telemetry against TCP_INFO of the same socket once quiescent. The queue holds srtt far above min_rtt, the
+    losses part ssthresh from cwnd and bytes_sent from bytes_acked: a field read for another shows."""
     try:
-        return {"ca": flow.ca, "tcp_info": flow.info, "bytes": flow.received,
-                "telemetry": probe.flow(flow.sport, flow.dport, netns_inode(None))}
+        receiver = routed_path()
+        sh("ip", "netns", "exec", "klnet", "tc", "qdisc", "replace", "dev", "vo", "root", "netem", *CORE_NETEM)
+        flow = BulkFlow("klner", receiver, "klnes", 512 << 10, timeout=120)
+        try:
+            telemetry = flow.quiescent(lambda: probe.flow(flow.sport, flow.dport, netns_inode("klnes")))
+            return {"ca": flow.ca, "tcp_info": flow.info, "bytes": flow.received, "telemetry": telemetry}
+        finally:
+            flow.close()
     finally:
-        flow.close()
+        drop_netns("klnes", "klnet", "klner")
 
 
 def check_attribution(probe: Probe) -> dict:
@@ -381,7 +417,11 @@ def check_pathcheck(probe: Probe) -> dict:
 
     profile = PathProfile.from_dict("slow", {"rate": "1mbit", "delay": "200ms"}, "slow")
     with Testbed(profile) as tb:
-        return {"backend": tb.backend, "base_rtt_s": profile.base_rtt_s, **asdict(tb.verify())}
+        right = asdict(tb.verify())
+        # and one that must fail: the same 1 Mbit/s link checked against a profile that asks 1.25
+        tb.profile = PathProfile.from_dict("slow", {"rate": "1.25mbit", "delay": "200ms"}, "slow")
+        wrong = asdict(tb.verify())
+    return {"backend": tb.backend, "base_rtt_s": profile.base_rtt_s, **right, "wrong_rate": wrong}
 
 
 def check_scenario(probe: Probe) -> dict:

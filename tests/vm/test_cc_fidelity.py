@@ -102,3 +102,7 @@ def test_westwood_sets_cwnd_to_bwe_times_rttmin_after_loss(fidelity) -> None:
     for alg, ratio in medians.items():
         assert 0.7 <= ratio <= 1.5, f"{alg}: cwnd after recovery / (BWE x RTTmin) = {ratio:.2f}"
     assert abs(medians["westwood"] - medians["bpf_westwood"]) <= 0.2 * medians["westwood"], medians
+    # The control: Reno on the same path halves its window instead, below the band, so the band tells
+    # Westwood+'s rule from Reno's (a Westwood+ that fell back to halving would fail above).
+    reno = statistics.median(x for f in _flows(doc, "lossy", "reno") for x in post_recovery_ratios(out, f))
+    assert reno < 0.7, f"reno: cwnd after recovery / (BWE x RTTmin) = {reno:.2f}, inside Westwood+'s band"
