@@ -63,6 +63,23 @@ struct {
 } retrans_counted SEC(".maps");
 
 /*
+ * A socket's retrans_counted, made on first meeting it with `start` counted: 0 at its connect (everything it
+ * will retransmit is ours to count, its SYNs too), its current total where we meet it later (at its first
+ * sample or retransmission: a socket older than the probe, whose past is not this probe's to count).
+ */
+static __always_inline __u32 *retrans_mark(struct sock *sk, __u32 start)
+{
+	__u32 *counted = bpf_sk_storage_get(&retrans_counted, sk, 0, 0);
+
+	if (counted)
+		return counted;
+	counted = bpf_sk_storage_get(&retrans_counted, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (counted)
+		*counted = start;
+	return counted;
+}
+
+/*
  * Sampling gate: a small per-CPU direct-mapped cache of "socket cookie -> time of
  * its next sample". A hit costs an inlined array access and a compare; a miss
  * (new socket, collision, or another CPU sampled it) falls back to the flow
@@ -429,6 +446,7 @@ static __noinline struct flow *create_flow(struct sock *sk, struct tcp_sock *tp,
 	 * A new storage entry holds 0: this socket was never seen. Without storage (out of
 	 * memory) the flow counts as new, as it would have without this check.
 	 */
+	retrans_mark(sk, tp->total_retrans);
 	seen = bpf_sk_storage_get(&first_seen, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
 	if (seen && *seen)
 		f.first_ns = *seen; /* re-inserted after an eviction: the same flow */
@@ -568,9 +586,8 @@ int BPF_PROG(tcp_probe_skc, struct sock *sk, const struct sk_buff *skb)
  */
 static __always_inline void add_retransmits(struct sock *sk, struct tcp_sock *tp, __u32 slot)
 {
-	__u32 *counted = bpf_sk_storage_get(&retrans_counted, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	__u32 total = tp->total_retrans, segments, *counted = retrans_mark(sk, total);
 	char ca_name[CCSCOPE_CA_NAME_LEN] = {};
-	__u32 total = tp->total_retrans, segments;
 	struct cgroup_stats *cg;
 	struct cc_stats *stats;
 	struct config *cfg;
@@ -638,6 +655,8 @@ int BPF_PROG(inet_sock_set_state, const struct sock *sk, const int oldstate, con
 
 	if (newstate == TCP_SYN_SENT || newstate == TCP_LISTEN) {
 		record_owner(sk, newstate);
+		if (newstate == TCP_SYN_SENT)
+			retrans_mark((struct sock *)sk, 0);
 		return 0;
 	}
 	if (newstate != TCP_CLOSE)
