@@ -22,7 +22,7 @@ import time
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -200,9 +200,8 @@ def _sh(*cmd: str) -> str:
 
 
 def _unix(rfc3339: str) -> float:
-    """Prometheus's timestamps (nanosecond fractions, Z) as Unix seconds."""
-    whole, _, fraction = rfc3339.rstrip("Z").partition(".")
-    return datetime.fromisoformat(whole).replace(tzinfo=UTC).timestamp() + float(f"0.{fraction or 0}")
+    """Prometheus's timestamps (nanosecond fractions; Z or the server's offset) as Unix seconds."""
+    return datetime.fromisoformat(re.sub(r"(\.\d{6})\d+", r"\1", rfc3339)).timestamp()
 
 
 def _all_past(st: Stack, t: float) -> bool:

@@ -170,7 +170,9 @@ def test_daemon_page_charts_a_live_iperf3_flow(link: Link, tmp_path: Path) -> No
             assert cells[2] == "cubic" and cells[12] == "iperf3" and cells[13].startswith(("/", "…"))
             bloat = driver.execute_script(
                 f"return document.querySelector('#flows tr[data-id=\"{charted}\"] td[data-bloat]').dataset.bloat;")
-            assert bloat in ("ok", "over", "alert")
+            # The 96 KB queue at 30 Mbit/s holds at most 26 ms, under the page's 100 ms threshold of queueing
+            # delay: the flow is not bufferbloated, whatever its srtt/min_rtt ratio on this sub-millisecond link.
+            assert bloat == "ok", cells
             # the filter hides other rows, sorting by a header click reorders
             driver.execute_script("const f = document.getElementById('filter'); f.value = arguments[0];"
                                   "f.dispatchEvent(new Event('input'));", str(local_port))

@@ -310,13 +310,17 @@ def test_path_check_agrees_with_a_correct_emulator(name):
     assert up["packets"] >= pathcheck.MIN_PACKETS and up["delay_overflows"] == 0
 
 
-def retune_up_shaper(tb: Testbed, rate: str) -> None:
-    """Changes the rate of the up bottleneck's tbf behind the testbed's back, wherever it sits."""
+def retune_up_shaper(tb: Testbed, rate_bps: float) -> None:
+    """Changes the rate of the up bottleneck's tbf behind the testbed's back: where it sits, and its burst
+    and limit, as the testbed installed them."""
     shown = tb.run(tb.router_ns, ["tc", "qdisc", "show", "dev", "veth-rr"], timeout=5).stdout
     where = re.search(r"qdisc tbf 2: (root|parent \S+)", shown)
     assert where, shown
+    link = tb.profile.up
+    installed = tbf_params(link.rate_bps, link.queue_bytes(tb.profile.base_rtt_s))
     tb.run(tb.router_ns, ["tc", "qdisc", "change", "dev", "veth-rr", *where.group(1).split(), "handle", "2:", "tbf",
-                          "rate", rate, "burst", "10kb", "limit", "50kb"], timeout=5)
+                          "rate", f"{int(rate_bps)}bit", "burst", str(installed["burst"]),
+                          "limit", str(installed["limit"])], timeout=5)
 
 
 def test_path_check_calls_a_wrongly_shaped_link_off():
@@ -327,10 +331,10 @@ def test_path_check_calls_a_wrongly_shaped_link_off():
     require_tools("ip", "iptables", "ethtool", "iperf3", "ping", "ss", "tc")
     require(DELAYLINE.is_file(), f"{DELAYLINE.name} not built: run make")
     with Testbed(profile(rate="10mbit", delay="10ms")) as tb:
-        retune_up_shaper(tb, "8mbit")
+        retune_up_shaper(tb, 8e6)
         slow = tb.verify()
-        retune_up_shaper(tb, "10mbit")
-        tb.profile = profile(rate="10mbit", delay="15ms")
+        retune_up_shaper(tb, 10e6)
+        tb.profile = profile(rate="10mbit", delay="15ms")  # what verify() checks the link against
         far = tb.verify()
     assert slow.rtt_ok and not slow.rate_ok and not slow.ok, slow.message
     assert slow.rate_measured_bps == pytest.approx(0.8 * slow.rate_expected_bps, rel=pathcheck.RATE_TOLERANCE)

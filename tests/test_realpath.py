@@ -278,8 +278,9 @@ def test_serve_both_directions_two_interfaces(net, tmp_path):
         ss_cwnd = statistics.median(c for _, c, _ in seen[len(seen) // 4:])
         ss_rtt = statistics.median(r for _, _, r in seen[len(seen) // 4:])
         # Medians over the run of two samplings taken at different moments (ours, ss every ~0.1 s) of reno's
-        # sawtooth and BBR's cycle: cwnd 0.80-1.16 of ss's (a few segments on eth), srtt within 1.6 ms (5 %
-        # of wlan's 30), in 24 runs of this test; the telemetry itself equals TCP_INFO (test_telemetry).
+        # sawtooth and BBR's cycle: cwnd 0.80-1.16 of ss's (a few segments on eth), srtt within 1.02 ms on eth
+        # and 1.57 ms on wlan (wlan-down reno: 29.18 against 30.75), in 24 runs of this test; the telemetry
+        # itself equals TCP_INFO (test_telemetry).
         assert cwnd == pytest.approx(ss_cwnd, rel=0.25, abs=1), run["label"]
         assert srtt == pytest.approx(ss_rtt, rel=0.1, abs=1.5), run["label"]
     rows = {(r["profile"], r["algorithm"]): r for r in doc["summary"]}

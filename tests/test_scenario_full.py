@@ -143,7 +143,8 @@ def _claim_fast_vs_slow(doc: dict) -> None:
     runs, profiles = _runs(doc), doc["profiles"]
     for name in ("fast", "slow"):
         payload = profiles[name]["up_rate_bps"] * PAYLOAD
-        assert 0.9 * payload <= runs[name]["flows"][0]["goodput_bps"] <= 1.01 * payload, name
+        # the token bucket's burst lets a window's goodput exceed the payload rate a little (test_scenario_run)
+        assert 0.9 * payload <= runs[name]["flows"][0]["goodput_bps"] <= 1.03 * payload, name
         assert runs[name]["ping"]["rtt_ms"]["median"] >= profiles[name]["base_rtt_s"] * 1e3, name
     assert runs["slow"]["ping"]["rtt_ms"]["median"] > 10 * runs["fast"]["ping"]["rtt_ms"]["median"]
 

@@ -221,7 +221,7 @@ traffic:
     # 0.41-0.61), where 70/30 would read 0.862 and one flow alone 0.5.
     cubic_bps, reno_bps = (f["goodput_common_bps"] for f in run["flows"])
     assert run["jain"] == pytest.approx((cubic_bps + reno_bps) ** 2 / (2 * (cubic_bps ** 2 + reno_bps ** 2)))
-    assert run["jain"] >= 0.85, (cubic_bps, reno_bps)
+    assert run["jain"] >= 0.9, (cubic_bps, reno_bps)
     # The two flows share the 2 Mbit/s bottleneck with the downloads (they go the same way): over the run's
     # common window (per algorithm), never above the router's counter, not summed over each flow's own window,
     # which holds the 0.5 s one flow had the link alone (2.19 Mbit/s in a CI run). The link stays full, and
