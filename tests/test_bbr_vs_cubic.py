@@ -77,10 +77,10 @@ def test_a_real_two_buffer_sweep_moves_as_the_model_says(ccscope_cmd: list[str],
         assert sum(shares) == pytest.approx(1.0)
         goodputs = {f["algorithm"]: f["goodput_common_bps"] for f in run["flows"]}
         assert shares[0] == pytest.approx(goodputs["bbr"] / sum(goodputs.values()))
-    # Convergence within the run's common window, where the shares settled (BBR's share 0.84 shallow and
-    # 0.08 deep in the quick built-in settle well inside 10 s)
-    converged = [r for r in doc["runs"] if r.get("convergence_s") is not None]
-    assert converged and all(0 <= r["convergence_s"] <= r["window_s"][1] - r["window_s"][0] for r in converged)
+    # Both pairs' shares settle, early in the 10 s common window: 1-4 s in four runs (the method itself can
+    # say at most 8 s, as the last fifth defines the final share)
+    paired = {r["profile"]: r["convergence_s"] for r in doc["runs"] if r["algorithms"] == "bbr+cubic"}
+    assert all(s is not None and 0 <= s <= 6 for s in paired.values()), paired
     # Harm (Ware et al.): (solo - shared) / solo of BBR's goodput, against BBR alone on the same path. In the
     # shallow buffer BBR keeps most of the link beside CUBIC, but not all of it: harm between 0 and 1.
     [paired] = [r for r in doc["runs"] if r["profile"] == "shallow" and r["algorithms"] == "bbr+cubic"]

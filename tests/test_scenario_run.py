@@ -86,8 +86,9 @@ def test_wired_vs_wireless_quick(ccscope_cmd, tmp_path, watched_quick_scenario):
         assert flow["algorithm_kernel"] == flow["algorithm"]
         assert flow["algorithm_iperf3"] == flow["algorithm"]
         assert flow["algorithm_ok"] is True
-        # telemetry goodput agrees with iperf3's receiver-side goodput
-        assert flow["goodput_bps"] == pytest.approx(flow["iperf3"]["goodput_bps"], rel=0.1)
+        # telemetry goodput agrees with iperf3's receiver-side goodput: 1.000-1.011 of it in the 8 runs of one
+        # session (the lossy wireless path's short flows the furthest)
+        assert flow["goodput_bps"] == pytest.approx(flow["iperf3"]["goodput_bps"], rel=0.03)
         profile = doc["profiles"][run["profile"]]
         max_goodput = profile["up_rate_bps"] * 1448 / 1514
         assert flow["goodput_bps"] <= max_goodput * 1.03
