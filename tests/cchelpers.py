@@ -130,6 +130,23 @@ def post_recovery_ratios(out: Path, flow: dict) -> list[float]:
     return ratios
 
 
+def window_slope(out: Path, flow: dict) -> float:
+    """How cwnd right after each fast recovery follows cwnd right before it (least-squares slope over the
+    flow's recoveries): 0.5 for a rule that halves the window (Reno, and Vegas on loss), about 0 for one that
+    sets it from a bandwidth estimate whatever the window was (Westwood+)."""
+    with (out / flow["csv"]).open() as fh:
+        rows = list(csv.DictReader(fh))
+    before, after = [], []
+    for i in range(1, len(rows)):
+        if rows[i - 1]["ca_state"] == "recovery" and rows[i]["ca_state"] == "open":
+            start = i - 1
+            while start > 0 and rows[start]["ca_state"] != "open":
+                start -= 1
+            before.append(float(rows[start]["cwnd_segments"]))
+            after.append(float(rows[i]["cwnd_segments"]))
+    return statistics.linear_regression(before, after).slope
+
+
 def mean_tolerance(cells: list[list[float]], a: list[float], b: list[float], rel: float = 0.05) -> float:
     """How far the means of the runs a and b may lie apart: `rel` of a's mean or, where runs vary more than
     that, the 99.9 % bound of Student's t for the difference of two means, with the standard deviation of

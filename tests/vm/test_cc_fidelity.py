@@ -11,7 +11,7 @@ import statistics
 from pathlib import Path
 
 import pytest
-from cchelpers import flow_rows, mean_tolerance, post_recovery_ratios, queued_packets
+from cchelpers import flow_rows, mean_tolerance, post_recovery_ratios, queued_packets, window_slope
 from labhelpers import PYTHON, ROOT, lab
 
 pytestmark = pytest.mark.stock_kernel
@@ -102,7 +102,16 @@ def test_westwood_sets_cwnd_to_bwe_times_rttmin_after_loss(fidelity) -> None:
     for alg, ratio in medians.items():
         assert 0.7 <= ratio <= 1.5, f"{alg}: cwnd after recovery / (BWE x RTTmin) = {ratio:.2f}"
     assert abs(medians["westwood"] - medians["bpf_westwood"]) <= 0.2 * medians["westwood"], medians
-    # The control: Reno on the same path halves its window instead, below the band, so the band tells
-    # Westwood+'s rule from Reno's (a Westwood+ that fell back to halving would fail above).
-    reno = statistics.median(x for f in _flows(doc, "lossy", "reno") for x in post_recovery_ratios(out, f))
-    assert reno < 0.7, f"reno: cwnd after recovery / (BWE x RTTmin) = {reno:.2f}, inside Westwood+'s band"
+
+
+def test_westwood_does_not_halve_where_vegas_does(fidelity) -> None:
+    """The band above does not tell Westwood+ from halving on this path: with its 1-BDP queue full, half the
+    window is about BWE x RTTmin, and Reno measured 0.90 there (one lab run, 46 recoveries). What does is how
+    the window after a recovery follows the window before it: the kernel's Vegas halves on loss as Reno
+    does (tcp_reno_ssthresh), a slope of 0.5 (0.48-0.56 per run; Reno 0.44-0.57), while Westwood+ sets it from
+    its estimate, whatever the window was (-0.11 to -0.03, BPF and module alike). The control runs already."""
+    out, doc = fidelity
+    slopes = {alg: [window_slope(out, f) for f in _flows(doc, "lossy", alg)]
+              for alg in ("vegas", "bpf_vegas", "westwood", "bpf_westwood")}
+    assert all(0.35 <= s <= 0.65 for alg in ("vegas", "bpf_vegas") for s in slopes[alg]), slopes
+    assert all(-0.3 <= s <= 0.2 for alg in ("westwood", "bpf_westwood") for s in slopes[alg]), slopes
