@@ -82,7 +82,7 @@ class BulkFlow:
     """One TCP connection sending `nbytes` from client_ns to a sink in server_ns; stays open after."""
 
     def __init__(self, server_ns: str | None, server_addr: str, client_ns: str | None, nbytes: int,
-                 timeout: float = 60) -> None:
+                 timeout: float = 60, midway: Callable[[], None] | None = None) -> None:
         with in_netns(server_ns):
             self.listener = socket.socket()
         self.listener.bind((server_addr, 0))
@@ -96,6 +96,8 @@ class BulkFlow:
         self.client.settimeout(timeout)
         self.client.connect(self.listener.getsockname())
         self.ca = congestion(self.client)
+        if midway is not None:  # once the receiver has acknowledged half
+            threading.Thread(target=self._at_half, args=(nbytes // 2, midway, timeout), daemon=True).start()
         chunk = b"\0" * 65536
         started = time.monotonic()
         sent = 0
@@ -109,6 +111,12 @@ class BulkFlow:
         self.sport = self.client.getsockname()[1]
         self.dport = self.listener.getsockname()[1]
         self.info = self._acknowledged()
+
+    def _at_half(self, nbytes: int, then: Callable[[], None], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while tcp_info(self.client)["bytes_acked"] < nbytes and time.monotonic() < deadline:
+            time.sleep(0.01)
+        then()
 
     def _acknowledged(self) -> dict[str, int]:
         """TCP_INFO once the receiver has acknowledged everything (the last ACKs are on their way back)."""
@@ -231,16 +239,22 @@ def check_kernel(probe: Probe) -> dict:
 
 
 CORE_NETEM = ["rate", "1mbit", "delay", "5ms", "loss", "1%", "limit", "30"]
+CORE_NETEM_LATER = ["rate", "1mbit", "delay", "5ms", "limit", "1000"]
 
 
 def check_core(probe: Probe) -> dict:
-    """A shaped, lossy flow (the router's egress: netem 1 Mbit/s, 5 ms, 1 % loss, a 30-packet queue), its
-    telemetry against TCP_INFO of the same socket once quiescent. The queue holds srtt far above min_rtt, the
-    losses part ssthresh from cwnd and bytes_sent from bytes_acked: a field read for another shows."""
+    """A shaped, lossy flow (the router's egress: netem 1 Mbit/s, 5 ms, 1 % loss, a 30-packet queue that slow
+    start overflows), its telemetry against TCP_INFO of the same socket once quiescent. Its second half runs
+    loss-free behind a deep queue, so that cwnd grows past ssthresh (they were equal, 7 and 7, where the flow
+    ended in its last recovery). The queue holds srtt far above min_rtt, the losses part bytes_sent from
+    bytes_acked: a field read for another shows."""
+    def calm() -> None:
+        sh("ip", "netns", "exec", "klnet", "tc", "qdisc", "change", "dev", "vo", "root", "netem", *CORE_NETEM_LATER)
+
     try:
         receiver = routed_path()
         sh("ip", "netns", "exec", "klnet", "tc", "qdisc", "replace", "dev", "vo", "root", "netem", *CORE_NETEM)
-        flow = BulkFlow("klner", receiver, "klnes", 512 << 10, timeout=120)
+        flow = BulkFlow("klner", receiver, "klnes", 768 << 10, timeout=120, midway=calm)
         try:
             telemetry = flow.quiescent(lambda: probe.flow(flow.sport, flow.dport, netns_inode("klnes")))
             return {"ca": flow.ca, "tcp_info": flow.info, "bytes": flow.received, "telemetry": telemetry}

@@ -81,6 +81,7 @@ def test_telemetry_matches_tcp_info_for_a_real_flow(guest: dict) -> None:
     assert {k: seen[k] for k in CORE_FIELDS} == {k: info[v] for k, v in CORE_FIELDS.items()}
     assert info["total_retrans"] > 0 and info["bytes_sent"] > info["bytes_acked"] >= core["bytes"]
     assert info["rtt_us"] > 1.5 * info["min_rtt_us"] and info["rttvar_us"] < info["rtt_us"]
+    assert info["snd_cwnd"] > info["snd_ssthresh"]
 
 
 def test_vegas_and_westwood_are_a_namespace_default_once_allowed(guest: dict) -> None:
