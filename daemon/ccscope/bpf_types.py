@@ -158,9 +158,9 @@ MAP_LAYOUTS: dict[str, tuple[type, type]] = {
     "owners": (u64, Owner),
     "listeners": (ListenerKey, Owner),
 }
-# Not read by key here: samples is a ring buffer of Flow records, first_seen socket-local storage, free_slots
-# a queue of cgroup_stats slots.
-KERNEL_ONLY_MAPS = ("gates", "samples", "first_seen", "free_slots")
+# Not read by key here: samples is a ring buffer of Flow records, first_seen and retrans_counted socket-local
+# storage, free_slots a queue of cgroup_stats slots.
+KERNEL_ONLY_MAPS = ("gates", "samples", "first_seen", "retrans_counted", "free_slots")
 
 # Name in ccscope.h -> ctypes mirror, for the layout test.
 SHARED_STRUCTS: dict[str, type[ctypes.Structure]] = {
