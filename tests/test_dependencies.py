@@ -53,7 +53,7 @@ def test_daemon_commands_load_no_scenario_stack() -> None:
 # The layers of docs/architecture.md, lowest first: a module may import its own layer and those below.
 LAYERS = (
     {"ccscope", "errors", "units", "safe_input", "hosttools", "libbpf", "bpf_types", "exposition", "flowscan",
-     "linewriter"},
+     "linewriter", "otlp_http"},
     {"host"},
     {"cc", "attribution", "flows", "loader", "exporter", "metrics_endpoint", "web", "live", "otlp"},
     {"emulation"},

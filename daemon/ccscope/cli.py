@@ -219,7 +219,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
         scheme = "https" if tls else "http"
         page = f"live page {scheme}://{args.listen}/, " if live else ""
         serving = [f"{page}{scheme}://{args.listen}/metrics"] if server else []
-        serving += [f"OTLP to {otlp_options.endpoint} every {args.otlp_interval}"] if otlp_options else []
+        serving += [f"OTLP to {otlp_options.shown} every {args.otlp_interval}"] if otlp_options else []
         print(f"ccscope {__version__}: serving {' and '.join(serving)} (flows {args.flows}); Ctrl-C to stop",
               file=sys.stderr, flush=True)
         # Everything alive now (the imported libraries, the probe, the server) lives as long as the daemon: out of

@@ -7,15 +7,16 @@ mapping, documented in docs/monitoring.md: semantic conventions where they exist
 the per-flow values, gRPC A80's meaning for min_rtt and delivery rate, and `ccscope.*` for what no
 convention covers (host aggregates by algorithm).
 
-Bounded: each push is built from the current collection alone, as a scrape is (the SDK's exporter and its
-data classes, not its aggregating meter provider, which keeps every attribute set it ever saw: with
+Bounded: each push is built from the current collection alone, as a scrape is (the SDK's data classes and
+its protobuf encoder, not its aggregating meter provider, which keeps every attribute set it ever saw: with
 connections coming and going, a meter provider pushing to a dead collector grew 60 KB per push). The
 state kept between pushes is the start time of each cumulative series still present. One thread pushes
-every interval and waits for the export, which retries within --otlp-timeout and then drops the batch:
-a collector that is down, slow or refusing costs one batch and that thread's time, never the probe or
-the /metrics scrape path. Failed pushes and the data points they dropped are counted (ccscope_otlp_* on
-/metrics) and said in one line when pushing starts failing, at most once a minute while it fails, and
-when it recovers. The SDK's own log lines are silenced so that it never prints a traceback.
+every interval and waits for the export, one request bounded by --otlp-timeout (otlp_http: 2xx alone is a
+delivery, the answer is read within a bound), and a failed one drops the batch: a collector that is down,
+slow, refusing or hostile costs one batch and that thread's time, never the probe or the /metrics scrape
+path. Failed pushes and the data points they dropped are counted (ccscope_otlp_* on /metrics) and said in
+one line, with why, when pushing starts failing, at most once a minute while it fails, and when it
+recovers. The SDK's own log lines are silenced so that it never prints a traceback.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from prometheus_client.registry import Collector
 
 from . import __version__
 from .errors import PrerequisiteError, UsageError
+from .otlp_http import Endpoint, ExportFailed, post, redact, tls_context
 
 
 @dataclass(frozen=True)
@@ -110,12 +112,15 @@ class OtlpOptions:
     client_certificate_file: str | None = None
     client_key_file: str | None = None
 
+    @property
+    def shown(self) -> str:
+        """The URL as ccscope prints it: without credentials."""
+        return redact(self.endpoint)
+
     @classmethod
     def parse(cls, url: str, headers: list[str] | None, interval_s: float, timeout_s: float,
               ca: str | None = None, cert: str | None = None, key: str | None = None) -> OtlpOptions:
-        if not url.startswith(("http://", "https://")) or len(url) <= len("https://"):
-            raise UsageError(f"--otlp {url!r}: give the collector's OTLP/HTTP metrics URL, e.g. "
-                             "http://127.0.0.1:4318/v1/metrics")
+        Endpoint.parse(url)  # a bad URL is one line, without its credentials
         parsed = {}
         for item in headers or []:
             name, sep, value = item.partition("=")
@@ -140,7 +145,7 @@ class ExportStats(Collector):
         self._warned_at = 0.0
         self._lock = threading.Lock()
 
-    def record(self, ok: bool, points: int) -> None:
+    def record(self, ok: bool, points: int, why: str | None = None) -> None:
         now = time.monotonic()
         with self._lock:
             if ok:
@@ -153,8 +158,9 @@ class ExportStats(Collector):
             self.failed += 1
             self.dropped_points += points
             if self._failing_since is None or now - self._warned_at >= WARN_EVERY_S:
-                self._say(f"ccscope: warning: OTLP export to {self.endpoint} failed; {self.dropped_points} data "
-                          "points dropped so far, trying again every interval")
+                self._say(f"ccscope: warning: OTLP export to {self.endpoint} failed"
+                          f"{f' ({why})' if why else ''}; {self.dropped_points} data points dropped so far, "
+                          "trying again every interval")
                 self._warned_at = now
             if self._failing_since is None:
                 self._failing_since = now
@@ -200,11 +206,10 @@ class OtlpPush:
         self._sdk = _import_sdk()
         logging.getLogger("opentelemetry").setLevel(logging.CRITICAL + 1)  # our one-line warnings instead
         self.options, self._collect = options, collect
-        self.stats = ExportStats(options.endpoint, say)
-        self._exporter = self._sdk.OTLPMetricExporter(
-            endpoint=options.endpoint, headers=options.headers or None, timeout=options.timeout_s,
-            certificate_file=options.certificate_file, client_certificate_file=options.client_certificate_file,
-            client_key_file=options.client_key_file)
+        self.stats = ExportStats(options.shown, say)
+        self._endpoint = Endpoint.parse(options.endpoint)
+        self._tls = tls_context(options.certificate_file, options.client_certificate_file,
+                                options.client_key_file) if self._endpoint.tls else None
         self._resource = self._sdk.Resource.create(_resource())
         self._scope = self._sdk.InstrumentationScope("ccscope", __version__)
         self._starts: dict[tuple, int] = {}  # (instrument, attributes) -> start of a cumulative series, ns
@@ -220,13 +225,14 @@ class OtlpPush:
         """One collection, exported; whether the collector took it."""
         batch = self.batch({f.name: f for f in self._collect()}, time.time_ns())
         points = sum(len(m.data.data_points) for m in batch.resource_metrics[0].scope_metrics[0].metrics)
+        why = None
         try:
-            ok = self._exporter.export(batch, timeout_millis=self.options.timeout_s * 1000) == \
-                self._sdk.MetricExportResult.SUCCESS
-        except Exception:  # a failed export is counted and said, never raised into the thread
-            ok = False
-        self.stats.record(ok, points)
-        return ok
+            post(self._endpoint, self._sdk.encode_metrics(batch).SerializeToString(), self.options.headers,
+                 self.options.timeout_s, self._tls)
+        except ExportFailed as failed:  # counted and said, never raised into the thread
+            why = str(failed)
+        self.stats.record(why is None, points, why)
+        return why is None
 
     def batch(self, families: dict[str, Metric], now_ns: int):
         sdk, metrics, starts = self._sdk, [], {}
@@ -251,7 +257,6 @@ class OtlpPush:
         self._thread.join(timeout=self.options.timeout_s + 1)
         if not self._thread.is_alive():
             self.push()
-        self._exporter.shutdown()
 
 
 def _resource() -> dict[str, str]:
@@ -264,12 +269,11 @@ def _resource() -> dict[str, str]:
 
 def _import_sdk() -> SimpleNamespace:
     try:
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        from opentelemetry.exporter.otlp.proto.common.metrics_encoder import encode_metrics
         from opentelemetry.sdk.metrics.export import (
             AggregationTemporality,
             Gauge,
             Metric,
-            MetricExportResult,
             MetricsData,
             NumberDataPoint,
             ResourceMetrics,
@@ -281,5 +285,5 @@ def _import_sdk() -> SimpleNamespace:
     except ImportError:
         raise PrerequisiteError("--otlp needs the OpenTelemetry SDK", "pip install 'ccscope[otlp]'") from None
     return SimpleNamespace(**{c.__name__: c for c in (
-        OTLPMetricExporter, AggregationTemporality, Gauge, Metric, MetricExportResult, MetricsData,
-        NumberDataPoint, ResourceMetrics, ScopeMetrics, Sum, Resource, InstrumentationScope)})
+        encode_metrics, AggregationTemporality, Gauge, Metric, MetricsData, NumberDataPoint, ResourceMetrics,
+        ScopeMetrics, Sum, Resource, InstrumentationScope)})
