@@ -22,6 +22,7 @@ recovers. The SDK's own log lines are silenced so that it never prints a traceba
 from __future__ import annotations
 
 import logging
+import os
 import platform
 import socket
 import sys
@@ -36,7 +37,7 @@ from prometheus_client.registry import Collector
 
 from . import __version__
 from .errors import PrerequisiteError, UsageError
-from .otlp_http import Endpoint, ExportFailed, post, redact, tls_context
+from .otlp_http import Endpoint, ExportFailed, check_header, post, redact, tls_context
 
 
 @dataclass(frozen=True)
@@ -104,8 +105,8 @@ WARN_EVERY_S = 60.0  # while exports fail, a reminder line at most this often
 
 @dataclass
 class OtlpOptions:
-    endpoint: str
-    headers: dict[str, str] = field(default_factory=dict)
+    endpoint: str = field(repr=False)  # may hold user:password: `shown` is what is printed
+    headers: dict[str, str] = field(default_factory=dict, repr=False)
     interval_s: float = 10.0
     timeout_s: float = 5.0
     certificate_file: str | None = None
@@ -120,18 +121,21 @@ class OtlpOptions:
     @classmethod
     def parse(cls, url: str, headers: list[str] | None, interval_s: float, timeout_s: float,
               ca: str | None = None, cert: str | None = None, key: str | None = None) -> OtlpOptions:
-        Endpoint.parse(url)  # a bad URL is one line, without its credentials
+        endpoint = Endpoint.parse(url)  # a bad URL is one line, without its credentials
         parsed = {}
         for item in headers or []:
             name, sep, value = item.partition("=")
             if not sep or not name.strip():
-                raise UsageError(f"--otlp-header {item!r}: use NAME=VALUE")
+                raise UsageError(f"--otlp-header {item.partition('=')[0][:40]!r}: use NAME=VALUE")
+            check_header(name.strip(), value)
             parsed[name.strip()] = value
         if (cert is None) != (key is None):
             raise UsageError("--otlp-client-cert and --otlp-client-key go together")
         if not 0 < timeout_s < interval_s:
             raise UsageError(f"--otlp-timeout {timeout_s:g}s must be above 0 and below --otlp-interval "
                              f"{interval_s:g}s")
+        if endpoint.tls or ca or cert:
+            tls_context(ca, cert, key)  # files that cannot be used: one line now, not a failure at every push
         return cls(url, parsed, interval_s, timeout_s, ca, cert, key)
 
 
@@ -207,6 +211,9 @@ class OtlpPush:
         logging.getLogger("opentelemetry").setLevel(logging.CRITICAL + 1)  # our one-line warnings instead
         self.options, self._collect = options, collect
         self.stats = ExportStats(options.shown, say)
+        if ignored := sorted(name for name in os.environ if name.startswith("OTEL_EXPORTER_OTLP_")):
+            say(f"ccscope: note: {', '.join(ignored)} not used: --otlp, --otlp-header and the --otlp-* TLS "
+                "flags say where and how to push")
         self._endpoint = Endpoint.parse(options.endpoint)
         self._tls = tls_context(options.certificate_file, options.client_certificate_file,
                                 options.client_key_file) if self._endpoint.tls else None
