@@ -26,7 +26,8 @@ import threading
 import time
 from collections.abc import Iterator
 
-from telemetry import ROOT, _open_connections, conditions, cpu_seconds, daemon, netns, netns_inode
+from ccscope_testkit.net import ROOT, daemon, in_netns, netns, netns_inode
+from telemetry import conditions, cpu_seconds
 
 RESULTS = ROOT / "bench" / "results" / "live.md"
 CLIENTS = int(os.environ.get("LIVE_BENCH_CLIENTS", "10"))
@@ -34,6 +35,23 @@ PAIRS = 10               # 20 sockets
 SEND_EVERY_S = 0.005
 SAMPLE_INTERVAL = "20ms"  # 20 sockets x 50 samples/s
 TARGET_PCT = 2.0
+
+
+def connected_pairs(ns: str, pairs: int) -> list[socket.socket]:
+    """`pairs` loopback connections inside namespace `ns`, both ends held here; each end has sent and received
+    once, so every socket is established and tcp_probe has seen it."""
+    with in_netns(ns):
+        listener = socket.create_server(("127.0.0.1", 0), backlog=pairs)
+        socks: list[socket.socket] = []
+        with listener:
+            for _ in range(pairs):
+                client = socket.create_connection(listener.getsockname())
+                socks += [client, listener.accept()[0]]
+    for sock in socks:
+        sock.sendall(b"x")
+    for sock in socks:
+        sock.recv(1)
+    return socks
 
 
 class Load:
@@ -125,7 +143,7 @@ def measure(pid: int, seconds: float) -> float:
 
 def run(pairs: int, seconds: float) -> dict:
     with netns("live") as ns:
-        socks = _open_connections(ns, PAIRS)
+        socks = connected_pairs(ns, PAIRS)
         load = Load(socks)
         try:
             with daemon("--netns", str(netns_inode(ns)), "--sample-interval", SAMPLE_INTERVAL) as running:
