@@ -579,9 +579,10 @@ int BPF_PROG(tcp_probe_skc, struct sock *sk, const struct sk_buff *skb)
 
 /*
  * Retransmitted segments as the kernel counts them (tp->total_retrans, tcpi_total_retrans): what the socket added
- * since it was last counted. Counting hits of tcp_retransmit_skb instead was wrong three ways: a hit can carry
- * several segments (a reno flow at 2 % random loss: 49 hits, 141 segments), newer kernels (6.18 here) also fire
- * it for retransmissions that failed, and a flow's count fell short of TCP_INFO's now and then (100 of 107).
+ * since it was last counted. Counting hits of tcp_retransmit_skb instead was wrong: a hit can carry several
+ * segments (a reno flow at 2 % random loss: 49 hits, 141 segments), and newer kernels (6.18 here) also fire it
+ * for retransmissions that failed; even each successful hit's segments fell short of TCP_INFO's now and then
+ * (100 of 107).
  * Runs under the socket's lock (the tracepoint's and TCP_CLOSE's callers hold it): no two at once per socket.
  */
 static __always_inline void add_retransmits(struct sock *sk, struct tcp_sock *tp, __u32 slot)

@@ -12,7 +12,7 @@ its protobuf encoder, not its aggregating meter provider, which keeps every attr
 connections coming and going, a meter provider pushing to a dead collector grew 60 KB per push). The
 state kept between pushes is the start time of each cumulative series still present. One thread pushes
 every interval and waits for the export, one request bounded by --otlp-timeout (otlp_http: 2xx alone is a
-delivery, the answer is read within a bound), and a failed one drops the batch: a collector that is down,
+delivery, the answer's body is not read), and a failed one drops the batch: a collector that is down,
 slow, refusing or hostile costs one batch and that thread's time, never the probe or the /metrics scrape
 path. Failed pushes and the data points they dropped are counted (ccscope_otlp_* on /metrics) and said in
 one line, with why, when pushing starts failing, at most once a minute while it fails, and when it
