@@ -188,6 +188,40 @@ def test_larger_queue_gives_higher_rtt_under_load():
     assert large > small + 0.060, (small, large)
 
 
+def test_a_full_slow_queue_does_not_starve_neighbour_discovery():
+    """Seed 002's 10 kbit/s link with 6 full frames queued (7.3 s to drain): a new connection waits for the
+    queue, as on a wire, instead of failing with "No route to host" because ARP's answer sat behind the data
+    (3 probes, 1 s apart). The flush removes every neighbour entry that is not pinned."""
+    with Testbed(profile(rate="10kbit", delay="10ms")) as tb:
+        server = tb.popen(tb.sender_ns, [sys.executable, "-m", "ccscope.scenario.fetch", "serve", "--port",
+                                         str(SHORT_FLOW_PORT), "--cc", "cubic"])
+        try:
+            tb.wait_listening(tb.sender_ns, SHORT_FLOW_PORT)
+            tb.run(tb.sender_ns, ["ping", "-q", "-c", "6", "-i", "0.01", "-s", "1472", "-w", "1",
+                                  tb.receiver_addr], timeout=10)
+            stop, backlogs = threading.Event(), []
+            sampler = threading.Thread(target=shaper_backlogs, args=(tb, stop, backlogs))
+            sampler.start()
+            try:
+                deadline = time.monotonic() + 2
+                while not (backlogs and backlogs[-1] >= 4 * FRAME) and time.monotonic() < deadline:
+                    time.sleep(0.01)
+            finally:
+                stop.set()
+                sampler.join()
+            assert backlogs and backlogs[-1] >= 4 * FRAME, backlogs[-5:]  # >= 4.8 s still to drain
+            for ns, dev in ((tb.router_ns, "veth-rr"), (tb.receiver_ns, "veth-r")):
+                tb.run(ns, ["ip", "neigh", "flush", "dev", dev], timeout=5)
+            got = tb.run(tb.receiver_ns, [sys.executable, "-m", "ccscope.scenario.fetch", "get", "--server",
+                                          f"{tb.sender_addr}:{SHORT_FLOW_PORT}", "--sizes", "1000", "--timeout",
+                                          "20"], timeout=30)
+        finally:
+            testbed.terminate(server)
+        record = json.loads(got.stdout)
+        assert record["error"] is None and record["complete"], record
+        assert record["completion_time_s"] >= 4.8 - 1.5, record  # it did wait behind the queue
+
+
 def test_trace_link_delivers_the_trace_rate(tmp_path):
     trace = tmp_path / "12mbit.trace"
     trace.write_text("".join(f"{i}\n" for i in range(1, 101)))  # one 1500-byte opportunity per ms
