@@ -130,21 +130,28 @@ def post_recovery_ratios(out: Path, flow: dict) -> list[float]:
     return ratios
 
 
-def window_slope(out: Path, flow: dict) -> float:
-    """How cwnd right after each fast recovery follows cwnd right before it (least-squares slope over the
-    flow's recoveries): 0.5 for a rule that halves the window (Reno, and Vegas on loss), about 0 for one that
-    sets it from a bandwidth estimate whatever the window was (Westwood+)."""
+def recovery_windows(out: Path, flow: dict) -> list[tuple[float, float]]:
+    """(cwnd right before, cwnd right after) each fast recovery of the flow, from its samples."""
     with (out / flow["csv"]).open() as fh:
         rows = list(csv.DictReader(fh))
-    before, after = [], []
+    pairs = []
     for i in range(1, len(rows)):
         if rows[i - 1]["ca_state"] == "recovery" and rows[i]["ca_state"] == "open":
             start = i - 1
             while start > 0 and rows[start]["ca_state"] != "open":
                 start -= 1
-            before.append(float(rows[start]["cwnd_segments"]))
-            after.append(float(rows[i]["cwnd_segments"]))
-    return statistics.linear_regression(before, after).slope
+            pairs.append((float(rows[start]["cwnd_segments"]), float(rows[i]["cwnd_segments"])))
+    return pairs
+
+
+def window_slope(pairs: list[tuple[float, float]]) -> float:
+    """How cwnd after a recovery follows cwnd before it: the Theil-Sen slope (the median of the pairwise
+    slopes) over `pairs`, 0.5 for a rule that halves the window (Reno, and Vegas on loss), about 0 for one that
+    sets it from a bandwidth estimate whatever the window was (Westwood+). The median, not least squares: the
+    last sample before a recovery is sometimes stale (Vegas lowers cwnd by delay between two samples, and
+    then halves what it lowered), and one such point (18 -> 4 of 16) pulled a least-squares slope to 0.21."""
+    slopes = [(b[1] - a[1]) / (b[0] - a[0]) for i, a in enumerate(pairs) for b in pairs[i + 1:] if b[0] != a[0]]
+    return statistics.median(slopes)
 
 
 def mean_tolerance(cells: list[list[float]], a: list[float], b: list[float], rel: float = 0.05) -> float:

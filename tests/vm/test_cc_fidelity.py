@@ -11,7 +11,7 @@ import statistics
 from pathlib import Path
 
 import pytest
-from cchelpers import flow_rows, mean_tolerance, post_recovery_ratios, queued_packets, window_slope
+from cchelpers import flow_rows, mean_tolerance, post_recovery_ratios, queued_packets, recovery_windows, window_slope
 from labhelpers import PYTHON, ROOT, lab
 
 pytestmark = pytest.mark.stock_kernel
@@ -107,11 +107,13 @@ def test_westwood_sets_cwnd_to_bwe_times_rttmin_after_loss(fidelity) -> None:
 def test_westwood_does_not_halve_where_vegas_does(fidelity) -> None:
     """The band above does not tell Westwood+ from halving on this path: with its 1-BDP queue full, half the
     window is about BWE x RTTmin, and Reno measured 0.90 there (one lab run, 46 recoveries). What does is how
-    the window after a recovery follows the window before it: the kernel's Vegas halves on loss as Reno
-    does (tcp_reno_ssthresh), a slope of 0.5 (0.48-0.56 per run; Reno 0.44-0.57), while Westwood+ sets it from
-    its estimate, whatever the window was (-0.11 to -0.03, BPF and module alike). The control runs already."""
+    the window after a recovery follows the window before it (cchelpers.window_slope, over both runs' recoveries
+    of an algorithm): the kernel's Vegas halves on loss as Reno does (tcp_reno_ssthresh), a slope of 0.5,
+    while Westwood+ sets it from its estimate, whatever the window was. Measured (2026-11-26, two lab runs):
+    Vegas 0.43-0.57 per flow and 0.50 pooled, BPF Vegas 0.33-0.50 and 0.40; Westwood+ 0.00 in all four flows,
+    module and BPF. The control runs already."""
     out, doc = fidelity
-    slopes = {alg: [window_slope(out, f) for f in _flows(doc, "lossy", alg)]
+    slopes = {alg: window_slope([p for f in _flows(doc, "lossy", alg) for p in recovery_windows(out, f)])
               for alg in ("vegas", "bpf_vegas", "westwood", "bpf_westwood")}
-    assert all(0.35 <= s <= 0.65 for alg in ("vegas", "bpf_vegas") for s in slopes[alg]), slopes
-    assert all(-0.3 <= s <= 0.2 for alg in ("westwood", "bpf_westwood") for s in slopes[alg]), slopes
+    assert all(0.3 <= slopes[alg] <= 0.65 for alg in ("vegas", "bpf_vegas")), slopes
+    assert all(-0.3 <= slopes[alg] <= 0.15 for alg in ("westwood", "bpf_westwood")), slopes
