@@ -161,3 +161,44 @@ def test_a_missing_csv_names_the_file(tmp_path: Path) -> None:
     victim.unlink()
     with pytest.raises(UsageError, match=re.escape(victim.name)):
         export.tables(broken)
+
+
+@pytest.mark.parametrize(("cell", "column"), [("12345678901234567890123", "bytes_acked"), ("nan", "srtt_ms"),
+                                              ("inf", "cwnd_segments"), ("fast", "retransmits")])
+def test_a_value_the_report_refuses_is_refused_here_too(tmp_path: Path, cell: str, column: str) -> None:
+    """The serve probe's findings: a 23-digit integer gave pyarrow's OverflowError as a traceback; nan, inf
+    and text in number columns were exported although `ccscope report` refuses them. One line each now,
+    naming the file, line and column, and nothing written."""
+    broken = tmp_path / "r"
+    shutil.copytree(FIXTURE, broken)
+    victim = broken / "flows" / "fast_cubic_r1_bulk0.csv"
+    rows = list(csv.DictReader(victim.open(newline="")))
+    rows[1][column] = cell
+    with victim.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    for fmt in ("parquet", "csv"):
+        ran = ccscope("export", str(broken), "--format", fmt, "--out", str(tmp_path / fmt))
+        assert ran.returncode == 2 and "Traceback" not in ran.stderr, ran.stderr
+        assert ran.stderr.count("\n") == 1 and f"{victim.name}: line 3: {column} {cell!r}" in ran.stderr, ran.stderr
+        assert not (tmp_path / fmt).exists()
+
+
+def test_runs_only_the_journal_holds_are_exported(tmp_path: Path) -> None:
+    """A kill between the journal line and results.json leaves results.json one run behind; export (like
+    report and --resume) reads the run from the journal, where it left it out and exited 0."""
+    directory = tmp_path / "r"
+    shutil.copytree(FIXTURE, directory)
+    doc = json.loads((FIXTURE / "results.json").read_text())
+    header = {**doc, "runs": []}
+    lines = [{"kind": "header", "document": header}]
+    lines += [{"kind": "run", "run": run, "emulation_checks": doc["emulation_checks"], "warnings": doc["warnings"],
+               "environment": doc["environment"]} for run in doc["runs"]]
+    (directory / "runs.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    behind = {**doc, "runs": doc["runs"][:-1]}
+    (directory / "results.json").write_text(json.dumps(behind))
+    ran = ccscope("export", str(directory), "--format", "csv", "--out", str(tmp_path / "tables"))
+    assert ran.returncode == 0, ran.stderr
+    exported = {row["run"] for row in csv.DictReader((tmp_path / "tables" / "runs.csv").open(newline=""))}
+    assert exported == {run["label"] for run in doc["runs"]}  # the last run, only in the journal, too

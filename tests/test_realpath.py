@@ -62,6 +62,7 @@ class Net:
         self.tmp = tmp
         self.procs: list[subprocess.Popen] = []
         self.serve_log = tmp / "serve.log"
+        self.token_file = tmp / "serve-token"  # serve makes it at its first start (auth is on by default)
 
     @property
     def namespaces(self) -> list[str]:
@@ -112,7 +113,8 @@ class Net:
     def start_servers(self) -> None:
         with self.serve_log.open("wb") as log:
             self.serve = self.popen(self.server, [sys.executable, "-m", "ccscope.cli", "serve", "--ports",
-                                                  f"{SERVE_PORTS[0]}-{SERVE_PORTS[1]}", "--max-seconds", "30s"],
+                                                  f"{SERVE_PORTS[0]}-{SERVE_PORTS[1]}", "--max-seconds", "30s",
+                                                  "--token-file", str(self.token_file)],
                                     stdout=log, stderr=subprocess.STDOUT)
         for port in (PLAIN_PORT, FOREIGN_PORT):
             self.popen(self.server, ["iperf3", "-s", "-p", str(port)], stdout=subprocess.DEVNULL,
@@ -213,9 +215,10 @@ def write_scenario(path: Path, profiles: dict, algorithms: list[str], duration: 
 
 
 def scenario(net: Net, file: Path, out: Path, *extra: str) -> subprocess.Popen:
+    env = {**os.environ, "CCSCOPE_SERVE_TOKEN": net.token_file.read_text().strip()}
     return net.popen(net.laptop, [sys.executable, "-m", "ccscope.cli", "scenario", "run", str(file), "--out",
                                   str(out), "--listen", "off", *extra],
-                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
 def finish(proc: subprocess.Popen, timeout: float = 240) -> tuple[int, str, str]:
@@ -374,7 +377,8 @@ def test_far_end_refusing_the_algorithm(net, tmp_path):
     first = SERVE_PORTS[1] + 10
     with (tmp_path / "serve.log").open("wb") as log:
         serve = net.popen(net.server, [sys.executable, "-m", "ccscope.cli", "serve", "--ports", f"{first}-{first + 2}",
-                                       "--algorithms", "reno", "--no-telemetry"], stdout=log, stderr=subprocess.STDOUT)
+                                       "--algorithms", "reno", "--no-telemetry", "--token-file", str(net.token_file)],
+                          stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 20
     while not net.listening(first):
         assert time.monotonic() < deadline and serve.poll() is None, (tmp_path / "serve.log").read_text()

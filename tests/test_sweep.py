@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -233,7 +234,7 @@ def test_real_path_sweep_pairs_each_shard_with_a_serve_pod_on_another_node():
     assert serve["spec"]["replicas"] == count and f"--shard env/{count} " in _container(job)["args"][0]
     assert service["spec"]["clusterIP"] == "None" and serve["spec"]["serviceName"] == service["metadata"]["name"]
     assert service["spec"]["selector"].items() <= serve["spec"]["template"]["metadata"]["labels"].items()
-    env = {e["name"]: e["value"] for e in _container(job)["env"]}
+    env = {e["name"]: e["value"] for e in _container(job)["env"] if "value" in e}
     # shard K's far end is the DNS name the headless Service gives serve pod K, at its control port
     control = service["spec"]["ports"][0]["port"]
     assert (env["SERVE_PREFIX"], env["SERVE_SUFFIX"]) == (f"{serve['metadata']['name']}-",
@@ -248,10 +249,17 @@ def test_real_path_sweep_pairs_each_shard_with_a_serve_pod_on_another_node():
         (expression,) = term["labelSelector"]["matchExpressions"]
         assert expression["operator"] == "In" and set(expression["values"]) == components
     # a real path emulates nothing: no namespaces, mounts or the node's network
-    for doc in (serve, job):
+    for doc, caps in ((serve, ["BPF", "NET_ADMIN", "PERFMON", "SETGID", "SETUID"]),
+                      (job, ["BPF", "NET_ADMIN", "PERFMON"])):
         sc = _container(doc)["securityContext"]
-        assert sc["capabilities"] == {"drop": ["ALL"], "add": ["BPF", "NET_ADMIN", "PERFMON"]}
+        assert sc["capabilities"] == {"drop": ["ALL"], "add": caps}  # serve drops to nobody: SETUID, SETGID
         assert sc["allowPrivilegeEscalation"] is False and not doc["spec"]["template"]["spec"].get("hostNetwork")
+    # one token, from one Secret: serve's --token-file, the shards' CCSCOPE_SERVE_TOKEN
+    (mount,) = [m for m in _container(serve)["volumeMounts"] if m["name"] == "token"]
+    (volume,) = [v for v in serve["spec"]["template"]["spec"]["volumes"] if v["name"] == "token"]
+    assert f"--token-file={mount['mountPath']}/token" in _container(serve)["args"]
+    (token_env,) = [e for e in _container(job)["env"] if e["name"] == "CCSCOPE_SERVE_TOKEN"]
+    assert token_env["valueFrom"]["secretKeyRef"] == {"name": volume["secret"]["secretName"], "key": "token"}
     (pvc,) = _docs("pvc.yaml")
     assert [v["persistentVolumeClaim"]["claimName"] for v in job["spec"]["template"]["spec"]["volumes"]
             if "persistentVolumeClaim" in v] == [pvc["metadata"]["name"]]
@@ -264,7 +272,7 @@ def _job_command(name: str, env: dict[str, str]) -> tuple[list[str], dict[str, s
     """The container's command line and environment, as the kubelet starts it, with `env` overriding."""
     (job,) = [doc for doc in _docs(name) if doc["kind"] == "Job"]
     container = _container(job)
-    environ = {**os.environ, **{e["name"]: e["value"] for e in container["env"]}, **env}
+    environ = {**os.environ, **{e["name"]: e["value"] for e in container["env"] if "value" in e}, **env}
     environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{environ['PATH']}"  # this checkout's ccscope
     return [*container["command"], *container["args"]], environ
 
@@ -397,6 +405,18 @@ def test_merge_refusals(sweep, tmp_path):
     _edit(unsharded, lambda d: d.pop("shard"))
     _refused(_merge(out, s[0], s[1], unsharded), out, "not a shard")
     _refused(_merge(out, s[0], tmp_path / "nowhere"), out, "no such results directory")
+    # the serve probe's two: a run copied into the shard (5 runs for a 4-run plan), and a device node in raw/,
+    # which merge read without end (383 MB of /dev/urandom in 2 s)
+    doubled = _copy(sweep, 1, tmp_path / "doubled")
+    _edit(doubled, lambda d: d["runs"].append(d["runs"][0]) if d.get("runs") else None)
+    first = json.loads((s[1] / "results.json").read_text())["runs"][0]["label"]
+    _refused(_merge(out, s[0], doubled, s[2]), out, f"run {first!r}", "is there twice")
+    for kind, make in (("device", lambda p: os.mknod(p, stat.S_IFCHR | 0o600, os.makedev(1, 9))),
+                       ("fifo", os.mkfifo)):
+        special = _copy(sweep, 2, tmp_path / kind)
+        run_dir = next(d for d in sorted((special / "raw").iterdir()) if d.is_dir())
+        make(run_dir / "z")
+        _refused(_merge(out, s[0], s[1], special), out, f"{run_dir / 'z'}: not a regular file")
     full = tmp_path / "full"
     full.mkdir()
     (full / "notes.txt").write_text("mine")
@@ -464,7 +484,11 @@ def real_sweep(tmp_path_factory):
     require_bpf_object()
     base = tmp_path_factory.mktemp("real-sweep")
     control = free_port()
-    args = [f"--ports={control}-{control + 3}" if a.startswith("--ports=") else a
+    token = base / "token"  # the Secret's file, here
+    token.write_text("sweep-test-token\n")
+    token.chmod(0o600)
+    rewrite = {"--ports=": f"--ports={control}-{control + 3}", "--token-file=": f"--token-file={token}"}
+    args = [next((v for k, v in rewrite.items() if a.startswith(k)), a)
             for a in _container(_realpath("StatefulSet"))["args"]]
     log = base / "serve.log"
     with log.open("wb") as out:
@@ -477,7 +501,7 @@ def real_sweep(tmp_path_factory):
             time.sleep(0.1)
         env = {"SCENARIO_FILE": str(_cluster_paths(base)), "SERVE_PREFIX": "127.0.0.1", "SERVE_SUFFIX": f":{control}",
                "SCENARIO_FLAGS": "--listen off --quick --algorithms cubic,reno,bbr --duration 4s",
-               "RESULTS": str(base / "results")}
+               "RESULTS": str(base / "results"), "CCSCOPE_SERVE_TOKEN": "sweep-test-token"}
         for index in range(3):
             argv, environ = _job_command("realpath.yaml", {**env, "JOB_COMPLETION_INDEX": str(index)})
             res = subprocess.run(argv, env=environ, capture_output=True, text=True, timeout=180)

@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ccscope.scenario import export
-from ccscope.scenario import results as document
+from ccscope.scenario import export, store
 
 __all__ = ["Results", "load"]
 
@@ -36,7 +35,7 @@ def load(directory: str | Path, frames: bool | None = None) -> Results:
     """The tables of a results directory; frames: DataFrames (True), lists of dicts (False), or
     DataFrames when pandas is installed (None)."""
     path = Path(directory)
-    doc = document.load(path)
+    doc = store.load(path)
     tables = {"samples": export.samples(path, doc), "runs": export.runs(doc), "summary": export.summary(doc)}
     if frames is None or frames:
         try:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -22,7 +23,8 @@ from typing import Any
 
 from ccscope.errors import PrerequisiteError, UsageError
 
-from . import confined, results
+from . import confined, results, store
+from .recorder import CSV_TEXT_COLUMNS
 from .store import write_atomic
 
 Row = dict[str, Any]
@@ -46,8 +48,28 @@ def samples(directory: Path, doc: dict) -> list[Row]:
                     raise UsageError(f"{directory}/{flow['csv']}: missing ({where})")
                 head = _identity(run) | {"flow": flow.get("id"), "kind": flow.get("kind"),
                                          "algorithm": flow.get("algorithm")}
-                rows.extend(head | row for row in results.csv_rows(text, f"{directory}/{flow['csv']}"))
+                rows.extend(head | row for row in _checked_rows(text, f"{directory}/{flow['csv']}"))
     return typed(rows)
+
+
+def _checked_rows(text: str, where: str) -> Iterable[dict[str, str]]:
+    """A CSV's rows, every number column holding a finite number (an integer within 64 bits) or nothing:
+    what the report refuses is refused here too, one line naming the file, line and column."""
+    for line, row in enumerate(results.csv_rows(text, where), start=2):
+        for column, cell in row.items():
+            if cell and column not in CSV_TEXT_COLUMNS and not _finite_cell(cell):
+                shown = cell if len(cell) <= 30 else cell[:27] + "..."
+                raise UsageError(f"{where}: line {line}: {column} {shown!r} is not a number the tables can hold")
+        yield row
+
+
+def _finite_cell(cell: str) -> bool:
+    if _INTEGER.match(cell):
+        return len(cell) <= 20 and -(1 << 63) <= int(cell) < 1 << 63
+    try:
+        return math.isfinite(float(cell))
+    except ValueError:
+        return False
 
 
 def runs(doc: dict) -> list[Row]:
@@ -122,7 +144,7 @@ def _widen(kind: type, text: str) -> type:
 
 
 def tables(directory: Path) -> dict[str, list[Row]]:
-    doc = results.load(directory)
+    doc = store.load(directory)  # with the runs only the journal holds, as report and --resume read it
     return {"samples": samples(directory, doc), "runs": runs(doc), "summary": summary(doc)}
 
 

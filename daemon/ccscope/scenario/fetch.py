@@ -14,11 +14,15 @@ CLOCK_MONOTONIC seconds, the clock of the BPF samples.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
+import os
+import signal
 import socket
 import sys
 import threading
 import time
+from dataclasses import dataclass
 
 CHUNK = b"\xa5" * 65536
 
@@ -27,16 +31,53 @@ def _now() -> float:
     return time.clock_gettime(time.CLOCK_MONOTONIC)
 
 
-def serve(port: int, cc: str) -> None:
-    listener = socket.create_server(("0.0.0.0", port), backlog=64, reuse_port=False)
-    while True:
-        conn, _ = listener.accept()
-        threading.Thread(target=_send, args=(conn, cc), daemon=True).start()
+@dataclass(frozen=True)
+class Limits:
+    """What one server gives: bytes per download, downloads at once, and how long it lives (None: no bound,
+    as in an emulated run, where the testbed owns it; `ccscope serve` sets all three)."""
+
+    max_bytes: int | None = None
+    max_connections: int | None = None
+    lifetime_s: float | None = None
 
 
-def _send(conn: socket.socket, cc: str) -> None:
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """SIGKILL when the process that started this one dies, even by kill -9 (serve's children must not
+    outlive it)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    parent = os.getppid()
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # it died before the prctl
+        os._exit(1)
+
+
+def serve(port: int, cc: str, bind: str = "0.0.0.0", limits: Limits = Limits()) -> None:
+    if limits.lifetime_s is not None:
+        _die_with_parent()
+    family = socket.AF_INET6 if ":" in bind else socket.AF_INET
+    listener = socket.create_server((bind, port), family=family, backlog=64, reuse_port=False)
+    slots = threading.BoundedSemaphore(limits.max_connections) if limits.max_connections else None
+    end = None if limits.lifetime_s is None else _now() + limits.lifetime_s
+    while end is None or _now() < end:
+        listener.settimeout(None if end is None else max(0.01, end - _now()))
+        try:
+            conn, _ = listener.accept()
+        except TimeoutError:
+            break
+        if slots is not None and not slots.acquire(blocking=False):
+            conn.close()  # the limit: shed, never queue
+            continue
+        threading.Thread(target=_send, args=(conn, cc, limits.max_bytes, slots), daemon=True).start()
+
+
+def _send(conn: socket.socket, cc: str, max_bytes: int | None = None,
+          slots: threading.BoundedSemaphore | None = None) -> None:
     with conn:
         try:
+            conn.settimeout(30)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, cc.encode())
             request = b""
             while not request.endswith(b"\n") and len(request) < 64:
@@ -45,6 +86,8 @@ def _send(conn: socket.socket, cc: str) -> None:
                     return
                 request += part
             size = int(request.strip())
+            if size < 0 or (max_bytes is not None and size > max_bytes):
+                return
             remaining = size
             while remaining > 0:
                 sent = conn.send(CHUNK[: min(len(CHUNK), remaining)])
@@ -53,6 +96,9 @@ def _send(conn: socket.socket, cc: str) -> None:
             conn.recv(1)  # wait for the client's close so the flow ends cleanly
         except (OSError, ValueError):
             return
+        finally:
+            if slots is not None:
+                slots.release()
 
 
 def fetch(server: tuple[str, int], size: int, timeout: float) -> dict:
@@ -128,6 +174,10 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("serve")
     s.add_argument("--port", type=int, required=True)
     s.add_argument("--cc", required=True)
+    s.add_argument("--bind", default="0.0.0.0")
+    s.add_argument("--max-bytes", type=int)
+    s.add_argument("--max-connections", type=int)
+    s.add_argument("--lifetime", type=float)
     g = sub.add_parser("get")
     g.add_argument("--server", required=True)
     g.add_argument("--sizes", required=True)
@@ -137,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--until", type=float)
     args = parser.parse_args(argv)
     if args.cmd == "serve":
-        serve(args.port, args.cc)
+        serve(args.port, args.cc, args.bind, Limits(args.max_bytes, args.max_connections, args.lifetime))
         return 0
     host, _, port = args.server.rpartition(":")
     get((host, int(port)), [int(s) for s in args.sizes.split(",")], args.timeout, args.every, args.start,

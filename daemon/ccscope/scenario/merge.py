@@ -184,21 +184,36 @@ def _files(part: Part) -> list[str]:
     return names
 
 
-def _copy(parts: list[Part], out: Path) -> int:
+def raw_files(part: Part) -> list[Path]:
+    """The raw tool output under the shard's raw/<run>/ (paths relative to the shard): regular files only.
+    Anything else there (a device, a FIFO, a socket) is refused: copying a device node reads it without end."""
+    raw = part.directory / "raw"
+    if not raw.is_dir() or raw.is_symlink():
+        return []
+    found = []
+    for run_dir in sorted(raw.iterdir()):
+        if not run_dir.is_dir() or run_dir.is_symlink():
+            continue
+        for path in sorted(run_dir.rglob("*")):
+            if path.is_symlink() or path.is_dir():
+                continue
+            if not path.is_file():
+                raise UsageError(f"{path}: not a regular file (a device, FIFO or socket); merge copies only files "
+                                 "a scenario writes", "remove it from the shard")
+            found.append(path.relative_to(part.directory))
+    return found
+
+
+def _copy(parts: list[Part], out: Path, raw: dict[int, list[Path]]) -> int:
     """The runs' CSVs and raw tool output into `out`: no two runs share a file name (runner._stem)."""
     copied = 0
     for part in parts:
-        for name in _files(part):
+        for name in [*_files(part), *raw[part.index]]:
             source = part.directory / name
             if source.is_file() and not source.is_symlink():
                 (out / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(source, out / name)
                 copied += 1
-        raw = part.directory / "raw"
-        if raw.is_dir() and not raw.is_symlink():
-            for entry in raw.iterdir():
-                if entry.is_dir() and not entry.is_symlink():
-                    shutil.copytree(entry, out / "raw" / entry.name, symlinks=True, dirs_exist_ok=True)
     return copied
 
 
@@ -213,10 +228,11 @@ def merge(out: Path, directories: list[Path]) -> dict:
     parts = [read(d) for d in directories]
     check_same_plan(parts)
     doc = merged_document(parts)
+    raw = {part.index: raw_files(part) for part in parts}
     existed = out.exists()
     try:
         (out / "flows").mkdir(parents=True, exist_ok=True)
-        _copy(parts, out)
+        _copy(parts, out, raw)
         store.write_atomic(out / store.RESULTS, store._dumps(doc))
     except BaseException as exc:  # nothing half-written is left: OUT was new or empty
         _remove(out, existed)

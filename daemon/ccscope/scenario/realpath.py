@@ -27,7 +27,8 @@ from ccscope.emulation.profile import check_text
 from ccscope.errors import UsageError
 
 DEFAULT_PORT = 5201  # iperf3's default; `ccscope serve` answers its control protocol on the same port
-REAL_KEYS = ("target", "via", "direction", "description")
+REAL_KEYS = ("target", "via", "direction", "description", "token_file")
+TOKEN_ENV = "CCSCOPE_SERVE_TOKEN"  # the far end's serve token, when the profile names no token_file
 EMULATED_KEYS = ("rate", "delay", "jitter", "loss", "queue", "trace", "isolate", "up", "down")
 DIRECTIONS = ("up", "down")
 # A run whose idle RTT moved this much from the profile's first run is flagged: both bounds must be exceeded
@@ -49,6 +50,7 @@ class RealPath:
     via: str | None = None
     direction: str = "up"
     description: str = ""
+    token_file: str | None = None  # where the far end's `ccscope serve` token is (else $CCSCOPE_SERVE_TOKEN)
 
     real = True  # emulated PathProfile has no such attribute
 
@@ -70,8 +72,12 @@ class RealPath:
             raise UsageError(f"{where}.direction: {direction!r} must be up (this host sends) or down (the far "
                              "end sends)")
         description = check_text(data.get("description", ""), f"{where}.description")
+        token_file = data.get("token_file")
+        if token_file is not None and (not isinstance(token_file, str) or not token_file.strip()
+                                       or len(token_file) > 4096 or "\0" in token_file):
+            raise UsageError(f"{where}.token_file: expected the path of a file holding the far end's serve token")
         return cls(name=name, host=host, port=port, port_given=given, via=via, direction=direction,
-                   description=description.strip())
+                   description=description.strip(), token_file=token_file)
 
     @property
     def target(self) -> str:

@@ -32,7 +32,7 @@ from ccscope.serve import protocol
 
 from . import analysis, results
 from .environment import now_iso
-from .realpath import RealPath, is_real, rtt_moved
+from .realpath import TOKEN_ENV, RealPath, is_real, rtt_moved
 from .recorder import FlowSeries, Sample, write_flow_csv, write_ping_csv
 from .spec import Scenario, mix_label
 from .traffic import BulkFlow, _parse_iperf, bulk_plan, parse_ping, planned_seconds
@@ -54,6 +54,7 @@ class Resolved:
     address: str
     far_end: str  # "ccscope serve" or "iperf3"
     greeting: protocol.Greeting | None = None
+    token: str | None = None  # the far end's serve token, when it asks for one
 
     @property
     def serve(self) -> bool:
@@ -98,8 +99,49 @@ def _resolve(scenario: Scenario, name: str, p: RealPath) -> Resolved:
     address = infos[0][4][0]
     greeting = _probe(where, p, address)
     path = Resolved(p, address, "ccscope serve" if greeting else "iperf3", greeting)
+    if greeting is not None and greeting.auth == "token":
+        path.token = read_token(where, p)
+        _check_token(where, path)
     _check_far_end(scenario, where, path)
     return path
+
+
+MAX_TOKEN_BYTES = 1024
+
+
+def read_token(where: str, p: RealPath) -> str:
+    """The far end's serve token: the profile's token_file, else $CCSCOPE_SERVE_TOKEN; one line if neither."""
+    if p.token_file is None:
+        token = os.environ.get(TOKEN_ENV, "").strip()
+        if not token:
+            raise PrerequisiteError(f"{where}: the ccscope serve at {p.target} asks for its token",
+                                    f"give `token_file: PATH` in the profile or set {TOKEN_ENV}; serve printed "
+                                    "the token at its first start and keeps it in its --token-file")
+        return token
+    try:
+        with open(p.token_file, "rb") as fh:
+            data = fh.read(MAX_TOKEN_BYTES + 1)
+    except OSError as exc:
+        raise UsageError(f"{where}.token_file: cannot read {p.token_file}: {exc.strerror}") from None
+    token = data.decode("utf-8", "replace").strip()
+    if not token or len(data) > MAX_TOKEN_BYTES or any(c.isspace() for c in token):
+        raise UsageError(f"{where}.token_file: {p.token_file} does not hold one token (one word, at most "
+                         f"{MAX_TOKEN_BYTES} bytes)")
+    return token
+
+
+def _check_token(where: str, path: Resolved) -> None:
+    p = path.profile
+    try:
+        sock = protocol.connect(path.address, p.port, p.via, p.via_is_address, CONNECT_TIMEOUT_S)
+        with sock:
+            greeting = protocol.greeting(sock)
+            if greeting is None:
+                raise protocol.ServeError("it no longer answers as ccscope serve")
+            protocol.Session(sock, greeting, path.token).check()
+    except (OSError, protocol.ServeError) as exc:
+        raise PrerequisiteError(f"{where}: {p.target}: {exc}",
+                                "is the token the one this serve printed (its --token-file)?") from None
 
 
 def _probe(where: str, p: RealPath, address: str) -> protocol.Greeting | None:
@@ -115,7 +157,10 @@ def _probe(where: str, p: RealPath, address: str) -> protocol.Greeting | None:
         raise PrerequisiteError(f"{where}: cannot connect to {p.target}{via}: {exc.strerror or exc}",
                                 "start `ccscope serve` (or `iperf3 -s`) on the far host") from None
     with sock:
-        return protocol.greeting(sock)
+        try:
+            return protocol.greeting(sock)
+        except protocol.ServeError as exc:
+            raise PrerequisiteError(f"{where}: {p.target}{via}: {exc}") from None
 
 
 def _check_far_end(scenario: Scenario, where: str, path: Resolved) -> None:
@@ -147,8 +192,10 @@ class RealTraffic:
     bulk: list[BulkFlow] = field(default_factory=list)
     ping: list[tuple[float, float]] = field(default_factory=list)
     ping_sent: int = 0
-    remote: dict[int, dict] = field(default_factory=dict)  # flow index -> serve's "done" reply
+    remote: dict[int, protocol.RemoteTelemetry] = field(default_factory=dict)  # flow index -> serve's telemetry
     errors: list[str] = field(default_factory=list)
+    remote_failed: set[int] = field(default_factory=set)  # flows whose telemetry the far end did not give
+    credentials: dict[int, protocol.Iperf3Credentials] = field(default_factory=dict)  # flow index -> its iperf3 user
 
 
 def run_unit(scenario: Scenario, unit, position: int, out: Path, recorder, collector, progress,
@@ -223,10 +270,11 @@ class _Child:
                 self.err.read_text(errors="replace") if self.err.exists() else "")
 
 
-def _spawn(name: str, argv: list[str], log_dir: Path) -> _Child:
+def _spawn(name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None = None) -> _Child:
     out, err = log_dir / f"{name}.out", log_dir / f"{name}.err"
     with out.open("wb") as o, err.open("wb") as e:  # files, never pipes: iperf3 -J of a long flow is large
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=o, stderr=e, start_new_session=True)
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=o, stderr=e, start_new_session=True,
+                                env=None if env is None else {**os.environ, **env})
     return _Child(name, proc, out, err)
 
 
@@ -273,12 +321,15 @@ def _open_sessions(path: Resolved, scenario: Scenario, result: RealTraffic,
             if greeting is None:
                 sock.close()
                 raise protocol.ServeError("the far end no longer answers as ccscope serve")
-            session = sessions[flow.index] = protocol.Session(sock, greeting)
-            reply = session.request({"op": "test", "cc": flow.algorithm, "seconds": seconds,
-                                     "reverse": p.direction == "down"})
-            flow.port = int(reply["port"])
+            session = sessions[flow.index] = protocol.Session(sock, greeting, path.token)
+            grant = session.start_test(flow.algorithm, seconds, reverse=p.direction == "down")
+            flow.port = grant.port
+            if grant.credentials is not None:
+                result.credentials[flow.index] = grant.credentials
         except (OSError, protocol.ServeError) as exc:
             flow.error = f"{p.target}: {exc}"
+            if flow.index in sessions:  # no test runs there: nothing to say "done" to
+                sessions.pop(flow.index).close()
 
 
 def _iperf_argv(path: Resolved, scenario: Scenario, flow: BulkFlow) -> list[str]:
@@ -293,6 +344,15 @@ def _iperf_argv(path: Resolved, scenario: Scenario, flow: BulkFlow) -> list[str]
     else:
         argv += ["--snd-timeout", str(STALL_MS)]
     return argv
+
+
+def _with_credentials(argv: list[str], given: protocol.Iperf3Credentials,
+                      key_file: Path) -> tuple[list[str], dict[str, str]]:
+    """iperf3 as the one user the far end's test server admits (its password in the environment, where
+    iperf3 reads it, never on a command line)."""
+    key_file.write_text(given.public_key)
+    return [*argv, "--username", given.username, "--rsa-public-key-path", str(key_file)], \
+        {"IPERF3_PASSWORD": given.password}
 
 
 def _timed_phase(path: Resolved, scenario: Scenario, result: RealTraffic, children: list[_Child], log_dir: Path,
@@ -316,7 +376,10 @@ def _timed_phase(path: Resolved, scenario: Scenario, result: RealTraffic, childr
         while pending and now - t0 >= pending[0].start_offset_s:
             flow = pending.pop(0)
             flow.start_mono = now
-            bulk[flow.index] = _spawn(f"iperf3-client{flow.index}{suffix}", _iperf_argv(path, scenario, flow), log_dir)
+            argv, env = _iperf_argv(path, scenario, flow), None
+            if (given := result.credentials.get(flow.index)) is not None:
+                argv, env = _with_credentials(argv, given, log_dir / f"iperf3-key{flow.index}.pem")
+            bulk[flow.index] = _spawn(f"iperf3-client{flow.index}{suffix}", argv, log_dir, env)
             children.append(bulk[flow.index])
         progress(min(now - t0, planned))
         if any(child.proc.poll() is not None and _busy(child.text()[0]) for child in bulk.values()):
@@ -368,9 +431,10 @@ def _collect(result: RealTraffic, children: list[_Child], path: Resolved) -> Non
 def _remote_telemetry(result: RealTraffic, sessions: dict[int, protocol.Session]) -> None:
     for index, session in sessions.items():
         try:
-            result.remote[index] = session.request({"op": "done"}, timeout=15.0)
+            result.remote[index] = session.finish(timeout=15.0)
         except (OSError, protocol.ServeError) as exc:
             result.errors.append(f"bulk flow {index}: no telemetry from the far end: {exc}")
+            result.remote_failed.add(index)
 
 
 # --- the record -------------------------------------------------------------------------------------
@@ -390,22 +454,33 @@ def _same_address(a: str, b: str) -> bool:
     return a == b or a.removeprefix("::ffff:") == b.removeprefix("::ffff:")
 
 
-def remote_series(flow: BulkFlow, reply: dict | None) -> FlowSeries | None:
+def remote_series(flow: BulkFlow, telemetry: protocol.RemoteTelemetry | None) -> FlowSeries | None:
     """The far end's series of the flow (its server port to our local port), on this host's clock: serve's
-    monotonic clock shifted by the difference at its reply (off by the reply's one-way delay)."""
-    if not reply or flow.local_port is None:
+    monotonic clock shifted by the difference at its reply (off by the reply's one-way delay). ValueError
+    (one line) if a sample of it is malformed or out of range: the whole series is refused, never stored."""
+    if telemetry is None or flow.local_port is None:
         return None
-    offset = reply["received_mono"] - float(reply.get("now", 0.0))
-    flows = [f for f in reply.get("flows") or [] if isinstance(f, dict) and f.get("sport") == flow.port
-             and f.get("dport") == flow.local_port and f.get("samples")]
+    offset = telemetry.received_mono - telemetry.now
+    flows = [f for f in telemetry.flows if f.sport == flow.port and f.dport == flow.local_port and f.rows]
     if not flows:
         return None
-    f = max(flows, key=lambda f: len(f["samples"]))
-    samples = [Sample(row[0] + offset, *row[1:]) for row in f["samples"] if isinstance(row, list)
-               and len(row) == len(Sample.__dataclass_fields__)]
+    f = max(flows, key=lambda f: len(f.rows))
+    samples = []
+    for i, row in enumerate(f.rows):
+        try:
+            samples.append(Sample.from_row(row, offset))
+        except ValueError as exc:
+            raise ValueError(f"the far end's sample {i} of the flow: {exc}") from None
     samples.sort(key=lambda s: s.t)
-    return FlowSeries(cookie=0, src=str(f.get("src")), sport=flow.port, dst=str(f.get("dst")),
-                      dport=flow.local_port, samples=samples) if samples else None
+    return FlowSeries(cookie=0, src=f.src, sport=flow.port, dst=f.dst, dport=flow.local_port, samples=samples)
+
+
+def _far_series(record: dict, flow: BulkFlow, traffic: RealTraffic) -> FlowSeries | None:
+    try:
+        return remote_series(flow, traffic.remote.get(flow.index))
+    except ValueError as exc:
+        record["errors"].append(f"bulk{flow.index}: {exc}; its series is not kept")
+        return None
 
 
 def fill(record: dict, scenario: Scenario, unit, path: Resolved, traffic: RealTraffic,
@@ -418,7 +493,9 @@ def fill(record: dict, scenario: Scenario, unit, path: Resolved, traffic: RealTr
     sender_series: dict[str, FlowSeries] = {}
     for flow in traffic.bulk:
         mine = own_series(flow, path.address, series)
-        sender = remote_series(flow, traffic.remote.get(flow.index)) if down else mine
+        errors_before = len(record["errors"])
+        sender = _far_series(record, flow, traffic) if down else mine
+        refused = len(record["errors"]) > errors_before or flow.index in traffic.remote_failed
         s = sender or mine
         entry, srtts = analysis.flow_metrics(s, scenario.warmup_s, t0) if s else (analysis.empty_flow(), [])
         entry.update({"id": f"bulk{flow.index}", "kind": "bulk", "algorithm": flow.algorithm,
@@ -446,7 +523,7 @@ def fill(record: dict, scenario: Scenario, unit, path: Resolved, traffic: RealTr
         if flow.error is None and not entry["algorithm_ok"]:
             record["errors"].append(f"bulk{flow.index}: requested {flow.algorithm}, the sender's kernel ran "
                                     f"{kernel}, iperf3 reports {iperf}")
-        if flow.error is None and sender is None and path.sender_telemetry:
+        if flow.error is None and sender is None and path.sender_telemetry and not refused:
             record["errors"].append(f"bulk{flow.index}: no sender telemetry for the flow (local port "
                                     f"{flow.local_port})")
         record["flows"].append(entry)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import operator
 import threading
 import time
@@ -37,8 +38,53 @@ class Sample:
     def of(cls, f: FlowRecord) -> Sample:
         return cls(f.last_ns / 1e9, *_record_values(f))
 
+    @classmethod
+    def from_row(cls, row: object, shift_s: float = 0.0) -> Sample:
+        """A sample another host sent (ccscope serve), every field typed and within what the kernel can
+        hold, its time shifted onto this host's clock; ValueError naming the first field that is not."""
+        if not isinstance(row, list) or len(row) != len(_ROW_CHECKS):
+            raise ValueError(f"a sample of {len(row) if isinstance(row, list) else type(row).__name__} "
+                             f"fields, not {len(_ROW_CHECKS)}")
+        for (name, ok), value in zip(_ROW_CHECKS, row, strict=True):
+            if not ok(value):
+                text = repr(value)
+                raise ValueError(f"{name} {text if len(text) <= 30 else text[:27] + '...'} is out of range")
+        return cls(row[0] + shift_s, *row[1:])
+
 
 _record_values = operator.attrgetter(*tuple(Sample.__dataclass_fields__)[1:])
+
+
+def _int_below(limit: int, optional: bool = False) -> Callable[[object], bool]:
+    def ok(v: object) -> bool:
+        return (optional and v is None) or (isinstance(v, int) and not isinstance(v, bool) and 0 <= v < limit)
+    return ok
+
+
+def _seconds(optional: bool = False) -> Callable[[object], bool]:
+    # the kernel keeps RTTs in u32 microseconds: at most 4295 s
+    def ok(v: object) -> bool:
+        return (optional and v is None) or (_number(v) and 0 <= v < 4295.0)
+    return ok
+
+
+def _number(v: object) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _word(v: object) -> bool:
+    return isinstance(v, str) and 0 < len(v) <= 16 and v.isascii() and v.replace("_", "").isalnum()
+
+
+_ROW_CHECKS: tuple[tuple[str, Callable[[object], bool]], ...] = (
+    ("t", lambda v: _number(v) and abs(v) < 1e12),
+    ("cwnd_segments", _int_below(1 << 32)), ("srtt_s", _seconds()), ("retransmits", _int_below(1 << 32)),
+    ("bytes_acked", _int_below(1 << 64)), ("bytes_sent", _int_below(1 << 64)),
+    ("ssthresh_segments", _int_below(1 << 32, optional=True)), ("min_rtt_s", _seconds(optional=True)),
+    ("packets_in_flight", _int_below(1 << 32)),
+    ("delivery_rate_Bps", lambda v: _number(v) and 0 <= v < 2.0 ** 64),
+    ("ca_state", _word), ("cc", _word), ("event", _int_below(256)), ("mss_bytes", _int_below(1 << 16)),
+)
 
 
 def _ms(seconds: float | None) -> str:
@@ -65,6 +111,7 @@ CSV_COLUMNS: tuple[tuple[str, CsvGetter], ...] = (
     ("event", lambda s, t, bps: s.event),
 )
 CSV_HEADER = tuple(name for name, _ in CSV_COLUMNS)
+CSV_TEXT_COLUMNS = frozenset({"ca_state", "cc"})  # every other column holds numbers
 
 
 THROUGHPUT_WINDOW_S = 0.2  # flent samples throughput every 0.2 s

@@ -223,6 +223,21 @@ def check(value: Any, schema: dict, path: str = "$") -> list[str]:
     return problems
 
 
+def non_finite(value: Any, path: str = "$") -> list[str]:
+    """Where NaN or Infinity sits in `value`, also inside the free-form objects the schema leaves open
+    (iperf3's report): JSON text cannot hold them portably, and no measurement is one."""
+    stack, found = [(value, path)], []
+    while stack and len(found) < 5:
+        item, at = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            found.append(f"{at}: expected a finite number, got {item}")
+        elif isinstance(item, dict):
+            stack.extend((v, f"{at}.{k}") for k, v in item.items())
+        elif isinstance(item, list):
+            stack.extend((v, f"{at}[{i}]") for i, v in enumerate(item))
+    return found
+
+
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."

@@ -214,7 +214,7 @@ def _run_missing(scenario: Scenario, units: list[Unit], doc: dict, store: Store,
         for position, unit in todo:
             record = _run_unit(session, unit, position, verify=options.verify and unit.profile not in verified)
             verified.add(unit.profile)
-            store.add_run(doc, record)
+            record = store.add_run(doc, record)
             progress.done(record)
     return len(todo)
 

@@ -82,6 +82,26 @@ def scenario_shape(doc: dict) -> SimpleNamespace:
                            algorithms=[tuple(a.split("+")) for a in doc["algorithms"]])
 
 
+_IDENTITY = ("label", "position", "profile", "algorithms", "repetition", "netns", "backend", "started_at")
+
+
+def quarantined(doc: dict, record: dict) -> dict:
+    """The record if the document can hold it; otherwise the run as failed, with what it measured left
+    out, its errors kept, and a warning on the document that names the first bad value."""
+    stored = json.loads(json.dumps(record, default=str))  # as the journal will hold it
+    problems = results.check(stored, results.RUN_SCHEMA, "run") or results.non_finite(stored, "run")
+    if not problems:
+        return record
+    reason = f"what the run measured was not kept: {problems[0]}"
+    doc["warnings"].append(f"{record.get('label', '?')}: {reason}")
+    duration = record.get("duration_s")
+    errors = [e for e in record.get("errors", []) if isinstance(e, str)]
+    return {**{k: record[k] for k in _IDENTITY if k in record},
+            "duration_s": duration if results.check(duration, {"type": "number"}) == [] else 0.0,
+            "flows": [], "downloads": [], "ping": None, "link": {}, "jain": None, "per_algorithm": {},
+            "errors": [*errors, reason]}
+
+
 def _drop_torn_line(fd: int, path: Path) -> None:
     """A run killed while its journal line was written left a line without its newline: cut it off, or
     the next line would be appended to it."""
@@ -140,14 +160,18 @@ class Store:
             raise OSError(f"short write to {JOURNAL} ({written} of {len(data)} bytes)")
         os.fsync(self._fd)
 
-    def add_run(self, doc: dict, record: dict) -> None:
-        """Records a completed run: journal line first, then results.json with the run in it."""
+    def add_run(self, doc: dict, record: dict) -> dict:
+        """Records a completed run: journal line first, then results.json with the run in it. A record with
+        a value the document cannot hold (a NaN, a string for a number: from a far end, say) is stored
+        quarantined instead, with a warning, so no run can make the directory unreadable; what was stored."""
+        record = quarantined(doc, record)
         with signals_held():
             doc["runs"].append(record)
             results.refresh(doc, scenario_shape(doc))
             self._append({"kind": "run", "run": record, "emulation_checks": doc["emulation_checks"],
                           "warnings": doc["warnings"], "environment": doc["environment"]})
             write_atomic(self.out / RESULTS, _dumps(doc))
+        return record
 
     def write(self, doc: dict) -> None:
         with signals_held():
@@ -196,6 +220,7 @@ def load(directory: Path) -> ResultsDocument:
         doc = results.load(directory)
     else:
         doc = results.parse(json.dumps(header), str(directory / JOURNAL))
+    _refuse_repeats(doc["runs"], directory / RESULTS)
     known = {r["position"] for r in doc["runs"]}
     extra = [e for e in entries if e["run"]["position"] not in known]
     if not extra:
@@ -212,6 +237,17 @@ def load(directory: Path) -> ResultsDocument:
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise UsageError(f"{directory / JOURNAL}: cannot merge the runs: {exc!r}") from None
     return results.parse(json.dumps(doc, default=str), str(directory / JOURNAL))
+
+
+def _refuse_repeats(runs: list[dict], where: Path) -> None:
+    """A run twice (a copied record) would count twice in every mean: the directory is refused."""
+    seen: set[str] = set()
+    positions: set[int] = set()
+    for run in runs:
+        if run["label"] in seen or run["position"] in positions:
+            raise UsageError(f"{where}: run {_quoted(run['label'])} (position {run['position']}) is there twice")
+        seen.add(run["label"])
+        positions.add(run["position"])
 
 
 def resumable(directory: Path, fresh: dict) -> dict:
