@@ -14,7 +14,9 @@ The baseline is one scraper alone, of the same kind, measured in the same run. T
 idle and 10 slowloris connections open during the bursts. Last, the hostile probe's attack (issue 17): 150
 connections from 127.0.0.1 that each send `GET /metrics` a byte a second, reopened as soon as they are closed,
 against the default 128 slots, while one well-behaved scraper scrapes 50 times in a row on new connections (the
-attacker and the scraper share 127.0.0.1: the hard case). Writes bench/results/endpoint.md.
+attacker and the scraper share 127.0.0.1: the hard case). And `ccscope serve` (issue 29): a runner's tests from
+127.0.0.1 while 127.0.0.2 holds every idle control connection and granted test serve lets it have, reopening
+them as they are closed. Writes bench/results/endpoint.md.
 
 A scrape that takes longer than 10 s (Prometheus's default scrape_timeout) counts as a failure.
 """
@@ -251,6 +253,131 @@ def measure_flood() -> Row:
                p99 <= TARGET_P99_S and not errors, detail)
 
 
+SERVE_PORTS = (7901, 7906)
+SERVE_TESTS = 10
+
+
+class ServeHog:
+    """One address (127.0.0.2) holding every control connection and test serve lets it have: idle control
+    connections reopened as soon as serve closes or sheds them, and granted tests kept silent, re-asked for."""
+
+    def __init__(self, token: str) -> None:
+        self.token, self.held, self.sessions = token, [], []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        from ccscope.serve import protocol
+
+        while not self._stop.wait(0.2):
+            self.sessions = [s for s in self.sessions if _still_open(s.sock)]
+            while len(self.sessions) < 8:  # tests first: serve lets one address have --max-tests - 1
+                try:
+                    sock = protocol.connect("127.0.0.1", SERVE_PORTS[0], "127.0.0.2", True, 1.0)
+                    session = protocol.Session(sock, protocol.greeting(sock), self.token)
+                    session.start_test("cubic", 30, True)
+                    self.sessions.append(session)
+                except (OSError, protocol.ServeError):
+                    break
+            self.held = [s for s in self.held if _still_open(s)]
+            while len(self.held) < 64:  # then idle control connections, as many as it takes
+                try:
+                    self.held.append(protocol.connect("127.0.0.1", SERVE_PORTS[0], "127.0.0.2", True, 1.0))
+                except OSError:
+                    break
+
+    def counts(self) -> tuple[int, int]:
+        """(idle control connections, granted tests) serve still keeps open for the hog."""
+        return sum(_still_open(s) for s in list(self.held)), sum(_still_open(s.sock) for s in list(self.sessions))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        for sock in [*self.held, *(s.sock for s in self.sessions)]:
+            sock.close()
+
+
+def _still_open(sock: socket.socket) -> bool:
+    try:
+        sock.setblocking(False)
+        return sock.recv(1, socket.MSG_PEEK) != b""
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        with contextlib.suppress(OSError):
+            sock.setblocking(True)
+
+
+def serve_tests(token: str, count: int) -> tuple[list[float], list[str]]:
+    """A runner's tests from 127.0.0.1, one after another: time from connect to the grant; each test then runs
+    (iperf3 -R, 1 s, with the grant's user) and says done, as the runner does."""
+    from ccscope.serve import protocol
+
+    latencies, errors = [], []
+    for _ in range(count):
+        started = time.monotonic()
+        try:
+            sock = protocol.connect("127.0.0.1", SERVE_PORTS[0], "127.0.0.1", True, 5.0)
+            session = protocol.Session(sock, protocol.greeting(sock), token)
+            grant = session.start_test("cubic", 5, True)
+        except (OSError, protocol.ServeError) as exc:
+            errors.append(str(exc)[:60])
+            continue
+        latencies.append(time.monotonic() - started)
+        with tempfile.NamedTemporaryFile("w", suffix=".pem") as key:
+            key.write(grant.credentials.public_key)
+            key.flush()
+            subprocess.run(["iperf3", "-c", "127.0.0.1", "-p", str(grant.port), "-t", "1", "-R", "-b", "20M",
+                            "--username", grant.credentials.username, "--rsa-public-key-path", key.name],
+                           capture_output=True, timeout=30,
+                           env={**os.environ, "IPERF3_PASSWORD": grant.credentials.password})
+        with contextlib.suppress(OSError, protocol.ServeError):
+            session.finish(timeout=15)
+        session.close()
+    return latencies, errors
+
+
+def measure_serve(workdir: Path) -> Row:
+    """`ccscope serve` while one address holds every idle connection and test it can; the baseline: the same
+    tests before the hog."""
+    token_file = workdir / "serve-token"
+    log = workdir / "serve.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "ccscope.cli", "serve", "--listen", "127.0.0.1", "--ports",
+                                 f"{SERVE_PORTS[0]}-{SERVE_PORTS[1]}", "--token-file", str(token_file)],
+                                stdout=out, stderr=out)
+    try:
+        deadline = time.monotonic() + 30
+        while "listening on" not in log.read_text():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"ccscope serve did not start: {log.read_text()[-300:]}")
+            time.sleep(0.1)
+        token = token_file.read_text().strip()
+        alone, _ = serve_tests(token, SERVE_TESTS)
+        hog = ServeHog(token)
+        try:
+            time.sleep(2.0)
+            latencies, errors = serve_tests(token, SERVE_TESTS)
+            held, tests = hog.counts()
+        finally:
+            hog.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+    p99 = percentile(latencies, 0.99) if latencies else float("inf")
+    detail = (f"{len(latencies)} of {SERVE_TESTS} tests granted during the hog, {len(errors)} refused"
+              + (f" ({', '.join(sorted(set(errors)))})" if errors else "")
+              + f"; the hog held {held} idle control connections and {tests} granted tests from 127.0.0.2"
+              f"; grant latency alone p50 {percentile(alone, 0.5) * 1000:.0f} ms, under the hog p50 "
+              f"{percentile(latencies, 0.5) * 1000:.0f} ms" if latencies and alone else "")
+    return Row("ccscope serve: a runner's tests granted while one address holds every idle connection and test "
+               "it can", f"{len(latencies)}/{SERVE_TESTS}", f"{SERVE_TESTS}/{SERVE_TESTS}, p99 {p99 * 1000:.0f} ms",
+               len(latencies) == SERVE_TESTS, detail)
+
+
 @contextlib.contextmanager
 def _scrapers(case: Case, port: int, cafile: str | None, count: int):
     """A callable for one burst of `count` scrapes: (latencies, failures[, client CPU seconds])."""
@@ -280,6 +407,8 @@ def main() -> int:
     parser.add_argument("--note", default="", help="extra words about the conditions, for the results file")
     parser.add_argument("--flood-only", action="store_true",
                         help="only the hostile probe's attack (prints, does not write the results file)")
+    parser.add_argument("--serve-only", action="store_true",
+                        help="only `ccscope serve` under the hog (prints, does not write the results file)")
     args = parser.parse_args()
     if os.geteuid() != 0:
         print("bench/endpoint.py: needs root (the daemon loads BPF programs)", file=sys.stderr)
@@ -287,15 +416,19 @@ def main() -> int:
     bursts = 5 if args.quick else 20
     rows = []
     with tempfile.TemporaryDirectory(prefix="ccscope-bench-") as tmp:
-        for case in [] if args.flood_only else CASES:
+        for case in [] if args.flood_only or args.serve_only else CASES:
             rows.append(measure(case, bursts, Path(tmp)))
             _show(rows[-1])
-    rows.append(measure_flood())
-    _show(rows[-1])
+        if not args.serve_only:
+            rows.append(measure_flood())
+            _show(rows[-1])
+        if not args.flood_only:
+            rows.append(measure_serve(Path(tmp)))
+            _show(rows[-1])
     note = conditions() + (f"; {args.note}" if args.note else "")
     report = render(rows, note)
     print("\n" + report)
-    if not (args.no_write or args.flood_only):
+    if not (args.no_write or args.flood_only or args.serve_only):
         RESULTS.write_text(report)
         print(f"wrote {RESULTS.relative_to(ROOT)}")
     return 0
