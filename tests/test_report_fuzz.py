@@ -413,6 +413,35 @@ def test_resume_cuts_a_torn_journal_line_before_appending(tmp_path):
     assert (directory / store.JOURNAL).read_bytes().count(b"\n") == 2  # header and the run, nothing torn
 
 
+@pytest.mark.parametrize(("poison", "problem"), [
+    (lambda run: run["flows"][0]["srtt_ms"].__setitem__("p95", float("inf")), "run.flows[0].srtt_ms.p95: expected"),
+    (lambda run: run["flows"][0]["iperf3"].__setitem__("goodput_bps", float("nan")),
+     "run.flows[0].iperf3.goodput_bps: expected a finite number, got nan"),
+    (lambda run: run.__setitem__("jain", "fair"), "run.jain: expected number or null, got str")])
+def test_a_run_the_document_cannot_hold_is_quarantined_not_fatal(tmp_path, poison, problem):
+    """Defence behind the runner's checks of a far end: a record with a value results.json cannot hold (also
+    inside iperf3's free-form report, which the schema leaves open) is stored as a failed run with what it
+    measured left out, and a warning; the directory stays readable to report and --resume."""
+    header_only = {**copy.deepcopy(BASE), "runs": [], "complete": False, "missing_runs": list(BASE["run_order"])}
+    results.refresh(header_only, store.scenario_shape(header_only))
+    directory = _write_dir(tmp_path, header_only)
+    _journal(directory, BASE, [])
+    opened, doc = store.Store.resume(directory, copy.deepcopy(header_only))
+    run = copy.deepcopy(BASE["runs"][0])
+    run["flows"][0].setdefault("iperf3", {})
+    poison(run)
+    try:
+        stored = opened.add_run(doc, run)
+    finally:
+        opened.close()
+    assert stored["flows"] == [] and stored["errors"][-1].startswith("what the run measured was not kept: ")
+    assert problem in stored["errors"][-1], stored["errors"]
+    loaded = store.load(directory)
+    assert [r["label"] for r in loaded["runs"]] == [run["label"]] and problem in loaded["warnings"][-1]
+    code, _out, err = _report(directory)
+    assert code == 0, err
+
+
 def _four_runs_one_done(tmp_path: Path) -> tuple[Path, dict, dict]:
     """A 4-run plan with its first run done (journal and results.json agree); and the plan as a fresh
     invocation derives it."""
