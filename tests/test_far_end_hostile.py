@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from ccscope_testkit.net import netns, wait_port
+from ccscope_testkit.net import netns, shape_loopback, wait_port
 from ccscope_testkit.prereqs import ROOT, require_bpf_object, require_root, require_tools
 
 FAR_END = Path(__file__).with_name("hostile_far_end.py")
@@ -33,11 +33,7 @@ def ns() -> Iterator[str]:
     require_tools("iperf3", "ping", "ip", "ss", "tc")
     require_bpf_object()
     with netns("hostile") as name:
-        # loopback shaped to 20 Mbit/s: the tests' flows are bounded, as on a real path
-        for argv in (["ip", "link", "set", "lo", "mtu", "1500"],
-                     ["tc", "qdisc", "add", "dev", "lo", "root", "tbf", "rate", "20mbit", "burst", "32kb",
-                      "latency", "50ms"]):
-            subprocess.run(["ip", "netns", "exec", name, *argv], check=True, capture_output=True)
+        shape_loopback(name)  # 20 Mbit/s: the tests' flows are bounded, as on a real path
         yield name
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from ccscope.serve import protocol, server
 from ccscope.serve import telemetry as serve_telemetry
-from ccscope_testkit.net import in_netns, netns, wait_for
+from ccscope_testkit.net import in_netns, netns, shape_loopback, wait_for
 from ccscope_testkit.prereqs import ROOT, require_bpf_object, require_root, require_tools
 
 REQUESTER, OTHER = "127.0.0.1", "127.0.0.2"
@@ -34,10 +34,7 @@ def ns() -> Iterator[str]:
     require_tools("iperf3", "ip", "ss", "tc", "openssl", "prlimit")
     require_bpf_object()
     with netns("serve") as name:
-        for argv in (["ip", "link", "set", "lo", "mtu", "1500"],
-                     ["tc", "qdisc", "add", "dev", "lo", "root", "tbf", "rate", "20mbit", "burst", "32kb",
-                      "latency", "50ms"]):
-            subprocess.run(["ip", "netns", "exec", name, *argv], check=True, capture_output=True)
+        shape_loopback(name)  # 20 Mbit/s: the tests' flows are bounded, as on a real path
         yield name
 
 

@@ -233,6 +233,14 @@ def netns(tag: str) -> Iterator[str]:
         run("ip", "netns", "del", name, check=False)
 
 
+def shape_loopback(name: str, rate: str = "20mbit") -> None:
+    """Loopback in namespace `name` as a bounded path: a 1500-byte MTU and a tbf at `rate`, so tests that
+    talk over 127.0.0.0/8 there send bounded traffic, as on a real link."""
+    for argv in (["ip", "link", "set", "lo", "mtu", "1500"],
+                 ["tc", "qdisc", "add", "dev", "lo", "root", "tbf", "rate", rate, "burst", "32kb", "latency", "50ms"]):
+        run("ip", "netns", "exec", name, *argv)
+
+
 def held_prog_ids(pid: int) -> set[int]:
     """Ids of the BPF programs a process holds, from its fdinfo."""
     ids = set()

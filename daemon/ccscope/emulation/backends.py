@@ -253,12 +253,6 @@ def class_stats(ipr: IPRoute, ifindex: int) -> dict[int, dict[str, int]]:
     return out
 
 
-def qdisc_stats(ipr: IPRoute, ifindex: int) -> dict[str, dict[str, int]]:
-    """{kind: {"packets", "bytes", "drops", "backlog"}} of the qdiscs on ifindex (one per kind)."""
-    by_handle = qdisc_stats_by_handle(ipr, ifindex).values()
-    return {v["kind"]: {k: n for k, n in v.items() if k != "kind"} for v in by_handle}
-
-
 def qdisc_stats_by_handle(ipr: IPRoute, ifindex: int) -> dict[int, dict]:
     """{handle: {"kind", "packets", "bytes", "drops", "backlog"}} of the qdiscs on ifindex."""
     out: dict[int, dict] = {}

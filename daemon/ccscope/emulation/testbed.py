@@ -351,12 +351,6 @@ class Testbed:
         time the machine did not run them (see delayline.c's LATE_NS), which one round trip may carry."""
         return sum(dl.stats().get("max_late_us", 0) for dl in self._delaylines.values()) / 1e6
 
-    def egress_bytes(self, direction: str = "up") -> int:
-        """Bytes (layer 2) that have left the router towards the receiver ("up") or the sender ("down")."""
-        dev = {"up": "veth-rr", "down": "veth-rs"}[direction]
-        return iproute_in(self.router_ns,
-                        lambda ipr: (ipr.get_links(_ifindex(ipr, dev))[0].get_attr("IFLA_STATS64") or {})["tx_bytes"])
-
     def udp_rate(self, offered_bps: float, seconds: float = pathcheck.MIN_WINDOW_S, frame_bytes: int = FRAME,
                  startup_s: float | None = None) -> float:
         """Layer-2 rate the up direction delivers while the sender offers offered_bps of UDP (layer 2).
