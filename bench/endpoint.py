@@ -38,9 +38,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ccscope_testkit.bench import Row, conditions
 from ccscope_testkit.hostile import DripFlood, serial_scrapes
 from ccscope_testkit.net import ROOT, daemon
-from telemetry import Row, conditions
 
 RESULTS = ROOT / "bench" / "results" / "endpoint.md"
 SCRAPERS = 50

@@ -26,8 +26,8 @@ import threading
 import time
 from collections.abc import Iterator
 
+from ccscope_testkit.bench import conditions, cpu_seconds
 from ccscope_testkit.net import ROOT, daemon, in_netns, netns, netns_inode
-from telemetry import conditions, cpu_seconds
 
 RESULTS = ROOT / "bench" / "results" / "live.md"
 CLIENTS = int(os.environ.get("LIVE_BENCH_CLIENTS", "10"))

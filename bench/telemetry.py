@@ -27,10 +27,10 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from ccscope.scenario.analysis import mean_ci95
+from ccscope_testkit.bench import CLK_TCK, Row, conditions, cpu_seconds
 from ccscope_testkit.cgroups import cgroup_tree, kubepods_systemd, pod_logs
 from ccscope_testkit.net import CCSCOPE, ROOT, daemon, held_prog_ids, netns, netns_inode, stop_process
 
@@ -38,7 +38,6 @@ RESULTS = ROOT / "bench" / "results" / "telemetry.md"
 STATUS = {True: "met", False: "MISSED", None: "undecided"}
 RESULTS_ATTRIBUTION = ROOT / "bench" / "results" / "attribution.md"
 ALL_LABELS = ("--labels", "comm,cgroup,container,pod")
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 OPEN_FILES = 20_000  # per process on this machine: the 100k-flow case spreads its sockets over several
 
 
@@ -47,12 +46,6 @@ OPEN_FILES = 20_000  # per process on this machine: the 100k-flow case spreads i
 
 def sh(*cmd: str, check: bool = True) -> str:
     return subprocess.run(cmd, check=check, capture_output=True, text=True).stdout
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process from /proc (fields 14 and 15)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 def rss_mb(pid: int) -> float:
@@ -196,15 +189,6 @@ def median_text(values: list[float], scale: float = 1.0, unit: str = "", digits:
     median, low, high, label = median_interval(values)
     return (f"{median * scale:.{digits}f}{unit} ({label} {low * scale:.{digits}f}-{high * scale:.{digits}f}, "
             f"n={len(values)})")
-
-
-@dataclass
-class Row:
-    what: str
-    value: str
-    target: str
-    ok: bool | None
-    detail: str = ""
 
 
 # --- 1. CPU per GB moved, and throughput ------------------------------------------------------------------------------
@@ -681,19 +665,6 @@ def bench_vs_ss(pairs: int, seconds: float, streams: int) -> Row:
 
 
 # --- report -----------------------------------------------------------------------------------------------------------
-
-
-def conditions() -> str:
-    load = os.getloadavg()
-    return (f"{time.strftime('%Y-%m-%d %H:%M %Z')}; kernel {platform.release()}; {os.cpu_count()} CPUs "
-            f"({_cpu_model()}); load average {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} at the end")
-
-
-def _cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.machine()
 
 
 def render(rows: list[Row], note: str) -> str:
