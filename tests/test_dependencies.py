@@ -55,7 +55,7 @@ LAYERS = (
     {"ccscope", "errors", "units", "safe_input", "hosttools", "libbpf", "bpf_types", "exposition", "flowscan",
      "linewriter", "otlp_http"},
     {"host"},
-    {"cc", "attribution", "flows", "loader", "exporter", "metrics_endpoint", "web", "live", "otlp"},
+    {"cc", "attribution", "flows", "sample", "loader", "exporter", "metrics_endpoint", "web", "live", "otlp"},
     {"emulation"},
     {"scenario", "serve", "results"},  # serve: the far end of a real-path scenario; results: its tables
     {"cli", "check"},
@@ -105,6 +105,16 @@ def test_no_package_imports_a_layer_above_its_own() -> None:
             if _layer(_group(name)) > _layer(group):
                 upward.append(f"{path.relative_to(ROOT)} imports {name}")
     assert upward == []
+
+
+def test_no_two_packages_import_each_other() -> None:
+    """Within a layer an import goes one way: scenario/ uses serve/'s protocol client, serve/ uses nothing of
+    scenario/ (what both need, a flow's sample, sits below them in sample.py)."""
+    edges = set()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        group = _group(".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts))
+        edges |= {(group, _group(name)) for name in _imports(path) if _group(name) != group}
+    assert sorted((a, b) for a, b in edges if (b, a) in edges) == []
 
 
 def test_slow_modules_exist() -> None:

@@ -108,7 +108,8 @@ def test_goodput_over_a_common_window_adds_up_to_the_link():
 def test_a_reused_local_port_gives_the_data_connections_series() -> None:
     """The path check's iperf3 control connection (184 bytes, closed just before the run) and the run's data
     connection had the same local port; the run took the first series recorded, the wrong one."""
-    from ccscope.scenario.recorder import FlowSeries, Sample
+    from ccscope.sample import Sample
+    from ccscope.scenario.recorder import FlowSeries
     from ccscope.scenario.runner import bulk_series
     from ccscope.scenario.traffic import BulkFlow
 

@@ -28,12 +28,13 @@ from ccscope.emulation.testbed import terminate
 from ccscope.errors import PrerequisiteError, UsageError
 from ccscope.flows import FlowFilter
 from ccscope.hosttools import need
+from ccscope.sample import Sample
 from ccscope.serve import protocol
 
 from . import analysis, results
 from .environment import now_iso
 from .realpath import TOKEN_ENV, RealPath, is_real, rtt_moved
-from .recorder import FlowSeries, Sample, write_flow_csv, write_ping_csv
+from .recorder import FlowSeries, write_flow_csv, write_ping_csv
 from .spec import Scenario, mix_label
 from .traffic import BulkFlow, _parse_iperf, bulk_plan, parse_ping, planned_seconds
 

@@ -47,7 +47,7 @@ class Telemetry:
     def __init__(self, sample_interval_s: float) -> None:
         from ccscope.flows import decode
         from ccscope.loader import ProbeOptions, TelemetryProbe, preflight
-        from ccscope.scenario.recorder import Sample
+        from ccscope.sample import Sample
 
         preflight()
         self._decode, self._sample = decode, Sample
