@@ -76,7 +76,7 @@ def _word(v: object) -> bool:
 _ROW_CHECKS: tuple[tuple[str, Callable[[object], bool]], ...] = (
     ("t", lambda v: _number(v) and abs(v) < 1e12),
     ("cwnd_segments", _int_below(1 << 32)), ("srtt_s", _seconds()), ("retransmits", _int_below(1 << 32)),
-    ("bytes_acked", _int_below(1 << 64)), ("bytes_sent", _int_below(1 << 64)),
+    ("bytes_acked", _int_below(1 << 63)), ("bytes_sent", _int_below(1 << 63)),  # int64: export's columns
     ("ssthresh_segments", _int_below(1 << 32, optional=True)), ("min_rtt_s", _seconds(optional=True)),
     ("packets_in_flight", _int_below(1 << 32)),
     ("delivery_rate_Bps", lambda v: _number(v) and 0 <= v < 2.0 ** 64),

@@ -45,6 +45,9 @@ def identity(user: str) -> Identity:
         entry = pwd.getpwnam(user)
     except KeyError:
         raise UsageError(f"--user {user!r}: no such user on this host") from None
+    if entry.pw_uid == 0 or entry.pw_gid == 0:
+        raise UsageError(f"--user {user!r}: uid or gid 0 is root; name an unprivileged user (a dedicated one "
+                         "is best)")
     return Identity(user, entry.pw_uid, entry.pw_gid)
 
 
@@ -60,9 +63,13 @@ def drop(to: Identity, keep: tuple[str, ...] = ()) -> None:
     for name in keep:
         mask |= 1 << CAPABILITIES[name]
     _check(_libc.prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0), "PR_SET_KEEPCAPS")
-    os.setgroups([])
-    os.setresgid(to.gid, to.gid, to.gid)
-    os.setresuid(to.uid, to.uid, to.uid)
+    try:
+        os.setgroups([])
+        os.setresgid(to.gid, to.gid, to.gid)
+        os.setresuid(to.uid, to.uid, to.uid)
+    except OSError as exc:
+        raise PrerequisiteError(f"cannot drop privileges to {to.user}: {exc.strerror}",
+                                "it needs CAP_SETUID and CAP_SETGID") from None
     header, data = _Header(_LINUX_CAPABILITY_VERSION_3, 0), (_Data * 2)()
     data[0].effective = data[0].permitted = data[0].inheritable = mask
     _check(_libc.capset(ctypes.byref(header), data), "capset")

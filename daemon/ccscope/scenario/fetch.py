@@ -14,10 +14,7 @@ CLOCK_MONOTONIC seconds, the clock of the BPF samples.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
-import os
-import signal
 import socket
 import sys
 import threading
@@ -41,22 +38,7 @@ class Limits:
     lifetime_s: float | None = None
 
 
-PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """SIGKILL when the process that started this one dies, even by kill -9 (serve's children must not
-    outlive it)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    parent = os.getppid()
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:  # it died before the prctl
-        os._exit(1)
-
-
 def serve(port: int, cc: str, bind: str = "0.0.0.0", limits: Limits = Limits()) -> None:
-    if limits.lifetime_s is not None:
-        _die_with_parent()
     family = socket.AF_INET6 if ":" in bind else socket.AF_INET
     listener = socket.create_server((bind, port), family=family, backlog=64, reuse_port=False)
     slots = threading.BoundedSemaphore(limits.max_connections) if limits.max_connections else None

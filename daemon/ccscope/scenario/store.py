@@ -221,6 +221,7 @@ def load(directory: Path) -> ResultsDocument:
     else:
         doc = results.parse(json.dumps(header), str(directory / JOURNAL))
     _refuse_repeats(doc["runs"], directory / RESULTS)
+    _refuse_repeats([e["run"] for e in entries], directory / JOURNAL)
     known = {r["position"] for r in doc["runs"]}
     extra = [e for e in entries if e["run"]["position"] not in known]
     if not extra:

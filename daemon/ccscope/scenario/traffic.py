@@ -247,8 +247,9 @@ def _parse_iperf(flow: BulkFlow, out: str, err: str, log: str) -> None:
     streams = end.get("streams") or [{}]
     sender = streams[0].get("sender", {}) if streams else {}
     flow.iperf = {
-        "sender_tcp_congestion": end.get("sender_tcp_congestion"),
-        "receiver_tcp_congestion": end.get("receiver_tcp_congestion"),
+        # on a real path the far end's iperf3 says these: a name, or nothing
+        "sender_tcp_congestion": _algorithm_name(end.get("sender_tcp_congestion")),
+        "receiver_tcp_congestion": _algorithm_name(end.get("receiver_tcp_congestion")),
         "received_bytes": received.get("bytes"),
         "received_seconds": received.get("seconds"),
         "goodput_bps": received.get("bits_per_second"),
@@ -257,6 +258,13 @@ def _parse_iperf(flow: BulkFlow, out: str, err: str, log: str) -> None:
         "mean_rtt_s": sender.get("mean_rtt") / 1e6 if sender.get("mean_rtt") else None,
         "max_snd_cwnd_bytes": sender.get("max_snd_cwnd"),
     }
+
+
+_ALGORITHM = re.compile(r"[a-z][a-z0-9_]{0,15}")
+
+
+def _algorithm_name(value: object) -> str | None:
+    return value if isinstance(value, str) and _ALGORITHM.fullmatch(value) else None
 
 
 _PING = re.compile(r"^\[(\d+\.\d+)\].*icmp_seq=(\d+).*time=([0-9.]+) ms")

@@ -77,6 +77,15 @@ def _address(peer: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
     return address
 
 
+def source(peer: str) -> str:
+    """Whom the per-source limits count: an IPv4 address, or an IPv6 /64 (one host's usual share: an
+    address per connection would slip past a per-address limit)."""
+    address = _address(peer)
+    if isinstance(address, ipaddress.IPv6Address):
+        return str(ipaddress.IPv6Network((address, 64), strict=False))
+    return str(address)
+
+
 @dataclass
 class Access:
     """The token (None: --open), the admitted networks (None: any), and the per-source counts."""
@@ -98,32 +107,36 @@ class Access:
 
     def open_connection(self, peer: str) -> str | None:
         """Counts a control connection in; why not (one line) if a limit says no."""
+        key = source(peer)
         with self._lock:
             if sum(self._connections.values()) >= self.max_connections:
                 return f"{self.max_connections} control connections open, its limit"
-            if self._connections[peer] >= self.max_connections_per_source:
-                return f"{self.max_connections_per_source} control connections open from {peer}, its limit"
-            self._connections[peer] += 1
+            if self._connections[key] >= self.max_connections_per_source:
+                return f"{self.max_connections_per_source} control connections open from {key}, its limit"
+            self._connections[key] += 1
             return None
 
     def close_connection(self, peer: str) -> None:
+        key = source(peer)
         with self._lock:
-            self._connections[peer] -= 1
-            if self._connections[peer] <= 0:
-                del self._connections[peer]
+            self._connections[key] -= 1
+            if self._connections[key] <= 0:
+                del self._connections[key]
 
     def start_test(self, peer: str) -> bool:
+        key = source(peer)
         with self._lock:
-            if self._tests[peer] >= self.max_tests_per_source:
+            if self._tests[key] >= self.max_tests_per_source:
                 return False
-            self._tests[peer] += 1
+            self._tests[key] += 1
             return True
 
     def end_test(self, peer: str) -> None:
+        key = source(peer)
         with self._lock:
-            self._tests[peer] -= 1
-            if self._tests[peer] <= 0:
-                del self._tests[peer]
+            self._tests[key] -= 1
+            if self._tests[key] <= 0:
+                del self._tests[key]
 
     def connections(self) -> int:
         with self._lock:

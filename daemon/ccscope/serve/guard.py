@@ -2,9 +2,9 @@
 (-C), UDP (-u) and parallel streams (-P) whatever serve was asked for, so a guard looks at the test port
 every GUARD_INTERVAL_S (`ss -tin`, /proc/net/udp) and stops the test at the first thing serve does not allow:
 
-- a data connection sending with an algorithm other than the one requested (checked once it has sent
-  CC_CHECK_BYTES, past what the control connection and the handshake carry; the data socket briefly shows the
-  listener's algorithm before iperf3 sets -C on it);
+- a data connection sending with an algorithm other than the one requested, or one whose algorithm `ss`
+  does not show (checked once it has sent CC_CHECK_BYTES, past what the control connection and the handshake
+  carry; the data socket briefly shows the listener's algorithm before iperf3 sets -C on it);
 - more connections from the requester than the control connection and one stream;
 - any UDP socket on the test port (a UDP test, which could be made to send to a spoofed address);
 - when iperf3 cannot tell clients apart (no per-test user): a connection from another address.
@@ -25,8 +25,8 @@ from pathlib import Path
 GUARD_INTERVAL_S = 0.1
 CC_CHECK_BYTES = 256 * 1024
 STREAMS = 1  # data connections per test: the runner opens one test per flow
+AVAILABLE = Path("/proc/sys/net/ipv4/tcp_available_congestion_control")
 _PEER = re.compile(r"^\S+\s+\S+\s+(\S+):(\d+)\s+(\S+):(\d+)")
-_CC = re.compile(r"^\s*([a-z][a-z0-9_]*) wscale:")
 _SENT = re.compile(r"\bbytes_sent:(\d+)")
 
 
@@ -37,8 +37,10 @@ class Connection:
     bytes_sent: int
 
 
-def connections(port: int) -> list[Connection]:
-    """The established TCP connections on local `port` in this namespace, as `ss -tin` shows them."""
+def connections(port: int, algorithms: frozenset[str]) -> list[Connection]:
+    """The established TCP connections on local `port` in this namespace, as `ss -tin` shows them; a
+    connection's algorithm is the first word of its info line that names one of `algorithms` (ss prints it
+    among flags such as ts, sack or ecn, before wscale: when window scaling is on)."""
     out = subprocess.run(["ss", "-tinH", "state", "established", f"( sport = :{port} )"], capture_output=True,
                          text=True, timeout=5).stdout
     found, peer = [], None
@@ -48,8 +50,9 @@ def connections(port: int) -> list[Connection]:
             peer = head.group(3).strip("[]")
             continue
         if peer is not None:
-            cc, sent = _CC.match(line), _SENT.search(line)
-            found.append(Connection(_plain(peer), cc.group(1) if cc else None, int(sent.group(1)) if sent else 0))
+            cc = next((word for word in line.split() if word in algorithms), None)
+            sent = _SENT.search(line)
+            found.append(Connection(_plain(peer), cc, int(sent.group(1)) if sent else 0))
             peer = None
     return found
 
@@ -75,11 +78,11 @@ def _plain(address: str) -> str:
     return str(parsed)
 
 
-def violation(port: int, requester: str, cc: str, foreign_allowed: bool) -> str | None:
+def violation(port: int, requester: str, cc: str, algorithms: frozenset[str], foreign_allowed: bool) -> str | None:
     """What on `port` serve does not allow, in one line; None if nothing."""
     if udp_bound(port):
         return "the client started a UDP test (serve allows TCP only)"
-    conns = connections(port)
+    conns = connections(port, algorithms)
     mine = [c for c in conns if c.peer == _plain(requester)]
     if not foreign_allowed and len(mine) < len(conns):
         other = next(c.peer for c in conns if c.peer != _plain(requester))
@@ -87,8 +90,8 @@ def violation(port: int, requester: str, cc: str, foreign_allowed: bool) -> str 
     if len(mine) > 1 + STREAMS:
         return f"the client opened {len(mine) - 1} streams (serve allows {STREAMS})"
     for c in mine:
-        if c.bytes_sent >= CC_CHECK_BYTES and c.cc is not None and c.cc != cc:
-            return f"the test ran {c.cc}, not the {cc} it asked for"
+        if c.bytes_sent >= CC_CHECK_BYTES and c.cc != cc:
+            return f"the test ran {c.cc or 'an algorithm ss does not show'}, not the {cc} it asked for"
     return None
 
 
@@ -98,7 +101,8 @@ class Guard:
     def __init__(self, port: int, requester: str, cc: str, foreign_allowed: bool,
                  stop_test: Callable[[str], None]) -> None:
         self.reason: str | None = None
-        self._args = port, requester, cc, foreign_allowed
+        known = frozenset(AVAILABLE.read_text().split())  # the names ss can show
+        self._args = port, requester, cc, known, foreign_allowed
         self._stop_test = stop_test
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"serve-guard-{port}", daemon=True)

@@ -80,7 +80,7 @@ def proof(token: str, nonce: str) -> str:
 
 
 def proof_holds(token: str, nonce: str, shown: object) -> bool:
-    return isinstance(shown, str) and hmac.compare_digest(proof(token, nonce), shown)
+    return isinstance(shown, str) and shown.isascii() and hmac.compare_digest(proof(token, nonce), shown)
 
 
 def bind_socket(sock: socket.socket, via: str | None, via_is_address: bool) -> None:
@@ -161,8 +161,12 @@ def greeting(sock: socket.socket, timeout: float = GREETING_TIMEOUT_S) -> Greeti
                         "ccscope serve")
     try:
         data = json.loads(b"{" + read_line(sock, MAX_LINE_BYTES, time.monotonic() + timeout))
-    except ValueError:
+    except (ValueError, RecursionError):
         raise ServeError("a greeting that is not JSON") from None
+    except OSError as exc:
+        raise ServeError(f"the control connection failed: {exc.strerror or exc}") from None
+    if isinstance(data, dict) and data.get("ccscope_serve") == VERSION and "refused" in data:
+        raise ServeError(f"ccscope serve refused this host: {_printable_text(data['refused'])}")
     return parse_greeting(data)
 
 
@@ -300,6 +304,8 @@ class Session:
             reply = json.loads(line)
         except (OSError, ValueError) as exc:
             raise ServeError(f"ccscope serve: {exc}") from None
+        except RecursionError:
+            raise ServeError("ccscope serve: an answer nested too deeply") from None
         if not isinstance(reply, dict):
             raise ServeError("ccscope serve: an answer that is not a JSON object")
         if reply.get("ok") is not True:

@@ -14,13 +14,12 @@ the series back. It runs nothing but these fixed commands. What it trusts of a c
   address); a granted test nobody connects to is given back after CONNECT_GRACE_S; a test still running at
   its length plus SLACK_S is killed; running out of file descriptors sheds connections, never exits;
 - memory: telemetry.py's bound per test;
-- children die with serve (PR_SET_PDEATHSIG), and run as the user serve drops to (cli.py).
+- children die with serve (child.py), and run as the user serve drops to (cli.py).
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import json
 import os
@@ -47,7 +46,9 @@ from .guard import Guard
 from .telemetry import Telemetry, empty_reply
 
 SLACK_S = 15.0  # connect, iperf3's end-of-test exchange, a slow path
+HELLO_TIMEOUT_S = 3.0  # the 37 bytes of HELLO
 REQUEST_TIMEOUT_S = 10.0  # HELLO and the request, all of it
+REPLY_TIMEOUT_S = 300.0  # sending an answer (a telemetry reply of 13 MB at 1 Mbit/s takes 100 s)
 CONNECT_GRACE_S = 10  # a granted test whose client never connects is given back after this (iperf3 --idle-timeout)
 DONE_GRACE_S = 5.0  # after iperf3 ended, how long the client has to say "done"
 MAX_CONNECTIONS = 64
@@ -57,8 +58,6 @@ MAX_DOWNLOAD_CONNECTIONS = 16
 SHED_ERRNOS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 _ALG = re.compile(r"^[a-z][a-z0-9_]{0,14}$")
 AVAILABLE = Path("/proc/sys/net/ipv4/tcp_available_congestion_control")
-PR_SET_PDEATHSIG = 1
-_libc = ctypes.CDLL(None, use_errno=True)
 
 
 def log(line: str) -> None:
@@ -148,28 +147,29 @@ class Server:
             try:
                 conn, peer = self.sock.accept()
             except OSError as exc:
-                if exc.errno not in SHED_ERRNOS:
+                if exc.errno in (errno.EBADF, errno.EINVAL):  # our socket is closed: serve is stopping
                     raise
-                self._throttled("shed", f"shedding connections: {exc.strerror} ({self.access.connections()} "
-                                        "control connections open)")
+                what = "shedding connections" if exc.errno in SHED_ERRNOS else "a connection failed at accept"
+                self._throttled(what, f"{what}: {exc.strerror} ({self.access.connections()} control connections "
+                                      "open)")
                 time.sleep(0.05)
                 continue
             self._admit(conn, peer[0])
 
     def _admit(self, conn: socket.socket, who: str) -> None:
         if not self.access.admits(who):
-            conn.close()
-            self._throttled(f"allow {who}", f"{who}: refused: not in --allow")
+            _refuse_early(conn, "not in its --allow")
+            self._throttled("allow", f"{who}: refused: not in --allow")
             return
         if (why := self.access.open_connection(who)) is not None:
-            conn.close()
-            self._throttled(f"limit {who}", f"{who}: refused: {why}")
+            _refuse_early(conn, why)
+            self._throttled("limit", f"{who}: refused: {why}")
             return
         try:
             threading.Thread(target=self._session, args=(conn, who), daemon=True).start()
         except RuntimeError:  # no thread to be had: shed this one
             self.access.close_connection(who)
-            conn.close()
+            _refuse_early(conn, "no thread for it")
             self._throttled("threads", "shedding connections: no thread could be started")
 
     def close(self) -> None:
@@ -184,14 +184,17 @@ class Server:
         try:
             with conn:
                 self._converse(conn, who)
+        except Exception as exc:  # whatever a client did: one throttled line, never a thread traceback
+            self._throttled("error", f"{who}: dropped: {type(exc).__name__}: {str(exc)[:120]}")
         finally:
             self.access.close_connection(who)
 
     def _converse(self, conn: socket.socket, who: str) -> None:
         nonce = secrets.token_hex(16)
-        deadline = time.monotonic() + REQUEST_TIMEOUT_S  # for HELLO and the request together
+        started = time.monotonic()
+        deadline = started + REQUEST_TIMEOUT_S  # for HELLO and the request together
         try:
-            if _read_exactly(conn, len(protocol.HELLO), deadline) != protocol.HELLO:
+            if _read_exactly(conn, len(protocol.HELLO), started + HELLO_TIMEOUT_S) != protocol.HELLO:
                 return  # not a ccscope client
             protocol.send(conn, {"ccscope_serve": protocol.VERSION, "ports": list(self.policy.ports),
                                  "max_seconds": self.policy.max_seconds, "telemetry": self.telemetry is not None,
@@ -230,7 +233,7 @@ class Server:
             self.access.end_test(who)
 
     def _refuse(self, conn: socket.socket, who: str, why: str) -> None:
-        self._throttled(f"refused {who}", f"{who}: refused: {why}")
+        self._throttled("refused", f"{who}: refused: {why}")
         with contextlib.suppress(OSError):
             protocol.send(conn, {"ok": False, "error": why})
 
@@ -290,6 +293,7 @@ class Server:
             reply: dict = {"ok": True, "port": port}
             if credentials is not None:
                 reply["iperf3"] = credentials.as_dict()
+            conn.settimeout(REQUEST_TIMEOUT_S)
             protocol.send(conn, reply)
             guard = Guard(port, who, request.cc, foreign_allowed=credentials is not None,
                           stop_test=lambda reason, proc=proc: _kill(proc))
@@ -297,14 +301,21 @@ class Server:
             guard.close()
             self._finish(conn, who, port, done, guard.reason)
         finally:
+            self._release(port, proc, guard, users_file)
+
+    def _release(self, port: int, proc: subprocess.Popen | None, guard: Guard | None,
+                 users_file: Path | None) -> None:
+        """Everything a test held, each step whatever the others did: the port always comes back."""
+        try:
             if guard is not None:
                 guard.close()
             if self.telemetry:
                 self.telemetry.forget(port)
             if proc is not None:
-                _kill(proc)
                 with self._lock:
                     self._children.discard(proc)
+                _kill(proc)
+        finally:
             if users_file is not None:
                 users_file.unlink(missing_ok=True)
             with self._lock:
@@ -320,6 +331,7 @@ class Server:
             log(f"{who}: the test on port {port} ended: {done}")
             return
         answer = self.telemetry.reply(port) if self.telemetry else empty_reply()
+        conn.settimeout(REPLY_TIMEOUT_S)
         conn.sendall(answer)
         log(f"{who}: done on port {port} ({len(answer)} bytes of telemetry)")
 
@@ -343,16 +355,19 @@ class Server:
                     request.cc, "--bind", self.policy.listen, "--max-bytes", str(MAX_DOWNLOAD_BYTES),
                     "--max-connections", str(MAX_DOWNLOAD_CONNECTIONS), "--lifetime",
                     f"{request.seconds + SLACK_S:g}"]
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_serve)
+        proc = subprocess.Popen([sys.executable, "-m", "ccscope.serve.child", str(os.getpid()), "--", *argv],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
         with self._lock:
             self._children.add(proc)
         return proc
 
 
-def _die_with_serve() -> None:
-    """In the child before exec: SIGKILL when serve's thread that started it ends, kill -9 of serve included."""
-    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+def _refuse_early(conn: socket.socket, why: str) -> None:
+    """One line for a client refused before its session (so the runner can say why), never waited on."""
+    with contextlib.suppress(OSError), conn:
+        conn.setblocking(False)
+        conn.send(json.dumps({"ccscope_serve": protocol.VERSION, "refused": why}).encode() + b"\n")
 
 
 def _wait_done(conn: socket.socket, proc: subprocess.Popen, limit: float) -> str:
