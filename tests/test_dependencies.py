@@ -50,6 +50,14 @@ def test_daemon_commands_load_no_scenario_stack() -> None:
     assert sorted(set(stack) - allowed) == []
 
 
+def test_report_and_merge_stand_without_the_runner() -> None:
+    """`ccscope report` and `ccscope merge` need the store and the report, not the run lifecycle (merge used
+    to borrow the runner's report writer and out-dir check, and with them the probe and the live page)."""
+    for module in ("ccscope.scenario.report", "ccscope.scenario.merge"):
+        loaded = _modules_loaded_by(f"import {module}")
+        assert not {"ccscope.scenario.runner", "ccscope.loader", "ccscope.live.app"} & loaded, module
+
+
 # The layers of docs/architecture.md, lowest first: a module may import its own layer and those below.
 LAYERS = (
     {"ccscope", "errors", "units", "safe_input", "hosttools", "libbpf", "bpf_types", "exposition", "flowscan",

@@ -41,3 +41,11 @@ class BpfError(CcscopeError):
     """libbpf failed to open, load or attach the BPF object."""
 
     exit_code = 4
+
+
+class Interrupted(CcscopeError):
+    """SIGINT/SIGTERM/SIGHUP ended a command after it saved what it had: exit 128 + the signal's number."""
+
+    def __init__(self, signum: int, problem: str, fix: str) -> None:
+        super().__init__(problem, fix)
+        self.exit_code = 128 + signum

@@ -150,7 +150,7 @@ def _run(scenario, args: argparse.Namespace, part=None) -> int:
 def _render(out: Path, doc: dict) -> Path:
     from . import report  # matplotlib (~0.5 s) only once there is something to plot, never before the checks
 
-    return report.render(out, doc)
+    return report.write(out, doc)
 
 
 def _list() -> int:
@@ -194,11 +194,11 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
-    from . import merge, report, runner
+    from . import merge, report
 
     out = Path(args.out)
     doc = merge.merge(out, [Path(d) for d in args.directories])
-    html = runner.write_report(lambda: _render(out, doc), out, len(doc["runs"]))
+    html = report.write(out, doc)
     print(report.summary_table(doc))
     for mixed in doc["merged"]["mixed"]:
         print(f"ccscope: warning: uneven comparison: {mixed}", file=sys.stderr)

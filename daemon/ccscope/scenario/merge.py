@@ -21,8 +21,8 @@ from ccscope.errors import UsageError
 from . import confined, results, store
 from .document import ResultsDocument
 from .environment import now_iso
-from .runner import check_out_dir
 from .shard import far_ends, plan_hash, without_far_ends
+from .store import check_out_dir
 
 
 @dataclass

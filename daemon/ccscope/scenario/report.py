@@ -6,10 +6,15 @@ anything, so a bad results directory is one line and leaves no half-written repo
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import html
+import signal
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
+from ccscope.errors import Interrupted
 from ccscope.units import format_bytes
 
 from . import models
@@ -345,3 +350,44 @@ def _html_footer(doc: dict) -> str:
     return ("<p>Data: <code>results.json</code> (schema version "
             f"{doc['schema_version']}) and per-flow CSVs in <code>flows/</code>. "
             "Re-render with <code>ccscope report DIR</code>.</p>")
+
+
+def write(out: Path, doc: ResultsDocument) -> Path:
+    """render(), so that a signal while it runs ends the command with 128 + N (guarded)."""
+    return guarded(lambda: render(out, doc), out, len(doc["runs"]))
+
+
+def guarded(write: Callable[[], Path], out: Path, runs: int) -> Path:
+    """Writes the report; SIGINT, SIGTERM or SIGHUP meanwhile ends the command with 128 + N. Rendering makes
+    much garbage, so a signal often lands in a finalizer, where Python prints "Exception ignored" and goes on:
+    Ctrl-C was lost (exit 0) about 2 times in 3. The handler records the signal, so it counts wherever it lands,
+    and the finalizers' noise about it is dropped."""
+    caught: list[int] = []
+
+    def stop(signum, frame):
+        caught.append(signum)
+        raise KeyboardInterrupt if signum == signal.SIGINT else SystemExit(128 + signum)
+
+    def unraisable(info) -> None:
+        if not isinstance(info.exc_value, KeyboardInterrupt | SystemExit):
+            hook(info)
+
+    hook, sys.unraisablehook = sys.unraisablehook, unraisable
+    old = {}
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        with contextlib.suppress(ValueError):  # not the main thread
+            old[sig] = signal.signal(sig, stop)
+    try:
+        report = write()
+    except (KeyboardInterrupt, SystemExit):
+        if not caught:
+            raise
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+        sys.unraisablehook = hook
+    if caught:
+        raise Interrupted(caught[0], f"interrupted by {signal.Signals(caught[0]).name} while writing the report; "
+                                     f"the {runs} runs are saved in {out}/results.json",
+                          f"write the report with `ccscope report {out}`")
+    return report

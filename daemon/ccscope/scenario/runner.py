@@ -8,7 +8,7 @@ import os
 import random
 import signal
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 from ccscope.cc import registry
 from ccscope.cc.provide import check_forced, providable, provided
 from ccscope.emulation.testbed import Testbed
-from ccscope.errors import CcscopeError, PrerequisiteError, UsageError
+from ccscope.errors import Interrupted, PrerequisiteError, UsageError
 from ccscope.exporter import FlowCollector
 from ccscope.flows import FlowFilter, FlowSelection, FlowTable
 from ccscope.host import state
@@ -36,7 +36,7 @@ from .linkmeter import LinkMeter
 from .progress import Progress
 from .recorder import FlowSeries, Recorder, write_flow_csv, write_ping_csv
 from .spec import Scenario, mix_label
-from .store import Store, signals_held
+from .store import Store, check_out_dir, signals_held
 from .traffic import FETCH_PORT, BulkFlow, TrafficResult, planned_seconds, run_traffic
 
 
@@ -53,14 +53,6 @@ class Options:
     cleanup_stale: bool = False  # remove a killed run's leftovers instead of refusing to start
     real: realrun.Context | None = None  # the scenario's real paths, checked by realrun.prepare()
     shard: shard.Shard | None = None  # --shard K/N: run only this slice of the plan (shard.py)
-
-
-class Interrupted(CcscopeError):
-    """SIGINT/SIGTERM/SIGHUP: the completed runs are saved, the emulation is torn down."""
-
-    def __init__(self, signum: int, problem: str, fix: str) -> None:
-        super().__init__(problem, fix)
-        self.exit_code = 128 + signum
 
 
 @dataclass(frozen=True)
@@ -109,33 +101,6 @@ def plan(scenario: Scenario) -> list[Unit]:
 def default_out(scenario: Scenario, part: shard.Shard | None = None) -> Path:
     where = f"-shard{part.index}of{part.count}" if part else ""
     return Path("results") / f"{scenario.name}{where}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
-
-
-def check_out_dir(out: Path) -> None:
-    """The results directory must be new or empty, and creatable: checked before anything is created."""
-    try:
-        out.stat()
-    except (FileNotFoundError, NotADirectoryError):
-        pass  # named below, with the part of the path that is in the way
-    except OSError as exc:  # a name too long, a loop of symlinks, a file where a directory should be
-        raise UsageError(f"--out {out}: {exc.strerror}") from None
-    if out.exists():
-        if not out.is_dir():
-            raise UsageError(f"--out {out}: exists and is not a directory")
-        if any(out.iterdir()):
-            raise UsageError(f"--out {out}: directory exists and is not empty")
-        base = out
-    else:
-        base = next(p for p in out.absolute().parents if p.exists())
-        if not base.is_dir():
-            raise UsageError(f"--out {out}: {base} is not a directory")
-    if not os.access(base, os.W_OK | os.X_OK):
-        why = "read-only" if _read_only(base) else "no permission"
-        raise UsageError(f"--out {out}: cannot write in {base} ({why})")
-
-
-def _read_only(path: Path) -> bool:
-    return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
 
 
 def run(scenario: Scenario, options: Options, finish=None) -> tuple[Path, dict]:
@@ -189,7 +154,7 @@ def run(scenario: Scenario, options: Options, finish=None) -> tuple[Path, dict]:
         doc["interrupted"] = None
         store.write(doc)
         if finish:
-            report = write_report(lambda: finish(out, doc), out, len(doc["runs"]))
+            report = finish(out, doc)
             if endpoint:
                 endpoint.show_report(out, report)
     return out, doc
@@ -263,41 +228,6 @@ def _signal_of(exc: SystemExit) -> int | None:
     """Testbed (and _raise_on_signals) turn SIGTERM/SIGHUP into SystemExit(128 + signal number)."""
     code = exc.code if isinstance(exc.code, int) else None
     return code - 128 if code in (128 + signal.SIGTERM, 128 + signal.SIGHUP) else None
-
-
-def write_report(write: Callable[[], Path], out: Path, runs: int) -> Path:
-    """Writes the report; SIGINT, SIGTERM or SIGHUP meanwhile ends the command with 128 + N. Rendering makes
-    much garbage, so a signal often lands in a finalizer, where Python prints "Exception ignored" and goes on:
-    Ctrl-C was lost (exit 0) about 2 times in 3. The handler records the signal, so it counts wherever it lands,
-    and the finalizers' noise about it is dropped."""
-    caught: list[int] = []
-
-    def stop(signum, frame):
-        caught.append(signum)
-        raise KeyboardInterrupt if signum == signal.SIGINT else SystemExit(128 + signum)
-
-    def unraisable(info) -> None:
-        if not isinstance(info.exc_value, KeyboardInterrupt | SystemExit):
-            hook(info)
-
-    hook, sys.unraisablehook = sys.unraisablehook, unraisable
-    old = {}
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        with contextlib.suppress(ValueError):  # not the main thread
-            old[sig] = signal.signal(sig, stop)
-    try:
-        report = write()
-    except (KeyboardInterrupt, SystemExit):
-        if not caught:
-            raise
-    finally:
-        _restore_signals(old)
-        sys.unraisablehook = hook
-    if caught:
-        raise Interrupted(caught[0], f"interrupted by {signal.Signals(caught[0]).name} while writing the report; "
-                                     f"the {runs} runs are saved in {out}/results.json",
-                          f"write the report with `ccscope report {out}`")
-    return report
 
 
 def _raise_on_signals() -> dict:

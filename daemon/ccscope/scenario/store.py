@@ -102,6 +102,33 @@ def quarantined(doc: dict, record: dict) -> dict:
             "errors": [*errors, reason]}
 
 
+def check_out_dir(out: Path) -> None:
+    """The results directory must be new or empty, and creatable: checked before anything is created."""
+    try:
+        out.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        pass  # named below, with the part of the path that is in the way
+    except OSError as exc:  # a name too long, a loop of symlinks, a file where a directory should be
+        raise UsageError(f"--out {out}: {exc.strerror}") from None
+    if out.exists():
+        if not out.is_dir():
+            raise UsageError(f"--out {out}: exists and is not a directory")
+        if any(out.iterdir()):
+            raise UsageError(f"--out {out}: directory exists and is not empty")
+        base = out
+    else:
+        base = next(p for p in out.absolute().parents if p.exists())
+        if not base.is_dir():
+            raise UsageError(f"--out {out}: {base} is not a directory")
+    if not os.access(base, os.W_OK | os.X_OK):
+        why = "read-only" if _read_only(base) else "no permission"
+        raise UsageError(f"--out {out}: cannot write in {base} ({why})")
+
+
+def _read_only(path: Path) -> bool:
+    return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+
+
 def _drop_torn_line(fd: int, path: Path) -> None:
     """A run killed while its journal line was written left a line without its newline: cut it off, or
     the next line would be appended to it."""
