@@ -10,10 +10,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -87,6 +89,8 @@ def serve_factory(ns: str, tmp_path: Path) -> Iterator:
     finally:
         for s in started:
             s.stop()
+            for leftover in _key_dirs(s.pid()):  # a serve this test killed outright
+                shutil.rmtree(leftover, ignore_errors=True)
 
 
 def session(ns: str, token: str | None, source: str = REQUESTER) -> protocol.Session:
@@ -315,6 +319,10 @@ def test_the_download_server_binds_where_serve_does_is_bounded_and_dies_with_it(
     gone = wait_for(lambda: not subprocess.run(["ip", "netns", "exec", ns, "ss", "-Hltn", f"sport = :{port}"],
                                                capture_output=True, text=True).stdout.strip(), 5)
     assert gone, "the download server outlived serve"
+    left = _key_dirs(s.pid())
+    assert left, "the killed serve's key directory (nothing could remove it)"
+    serve_factory()  # the next serve removes what a dead one left
+    assert not any(d.exists() for d in left)
 
 
 def _received(sock: socket.socket) -> int:
@@ -330,6 +338,11 @@ def _received(sock: socket.socket) -> int:
 
 
 # --- least privilege and bounded memory ------------------------------------------------------------------------
+
+
+def _key_dirs(pid: int) -> list[Path]:
+    """serve's key pair and per-test users files (credentials.py)."""
+    return sorted(Path(tempfile.gettempdir()).glob(f"ccscope-serve-{pid}-*"))
 
 
 def _status(pid: int) -> dict[str, str]:
@@ -348,7 +361,11 @@ def test_serve_and_its_tests_run_as_nobody_with_one_capability(ns, serve_factory
                                                 text=True).stdout.split())
     assert _status(child)["Uid"].split()[0] == "65534" and int(_status(child)["CapEff"], 16) == 1 << 12
     assert "iperf3" in Path(f"/proc/{child}/cmdline").read_text() and grant.port
+    (keys,) = _key_dirs(s.pid())
+    assert keys.stat().st_uid == 65534 and oct(keys.stat().st_mode & 0o777) == "0o700"
     mine.close()
+    s.stop()
+    assert not keys.exists()  # removed when serve stops
 
 
 def test_a_tests_telemetry_is_bounded(monkeypatch):

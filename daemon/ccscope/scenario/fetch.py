@@ -38,7 +38,8 @@ class Limits:
     lifetime_s: float | None = None
 
 
-def serve(port: int, cc: str, bind: str = "0.0.0.0", limits: Limits = Limits()) -> None:
+def serve(port: int, cc: str, bind: str = "0.0.0.0", limits: Limits | None = None) -> None:
+    limits = limits or Limits()
     family = socket.AF_INET6 if ":" in bind else socket.AF_INET
     listener = socket.create_server((bind, port), family=family, backlog=64, reuse_port=False)
     slots = threading.BoundedSemaphore(limits.max_connections) if limits.max_connections else None

@@ -9,7 +9,9 @@ The users file holds sha256("{user}password"), the format iperf3 documents.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
 import secrets
 import shutil
 import subprocess
@@ -21,6 +23,18 @@ from ccscope.errors import PrerequisiteError
 from .protocol import Iperf3Credentials
 
 KEY_BITS = 2048
+PREFIX = "ccscope-serve-"  # then the pid of the serve that made it
+
+
+def _remove_dead_serves_dirs() -> None:
+    """What a serve killed outright (kill -9) left in the temporary directory: its key pair and users files.
+    Only directories of ours (owner) whose serve no longer runs."""
+    for path in Path(tempfile.gettempdir()).glob(f"{PREFIX}*-*"):
+        pid = path.name[len(PREFIX):].split("-", 1)[0]
+        with contextlib.suppress(OSError):
+            if pid.isdigit() and not Path(f"/proc/{pid}").exists() and path.stat().st_uid == os.geteuid() \
+                    and path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
 
 
 def iperf3_has_authentication() -> bool:
@@ -38,7 +52,8 @@ class Iperf3Users:
         if shutil.which("openssl") is None:
             raise PrerequisiteError("per-test iperf3 users need openssl (to make serve's RSA key pair)",
                                     "install openssl")
-        self.dir = Path(tempfile.mkdtemp(prefix="ccscope-serve-"))  # 0700
+        _remove_dead_serves_dirs()
+        self.dir = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-"))  # 0700
         self.private_key = self.dir / "private.pem"
         public = self.dir / "public.pem"
         try:
