@@ -111,33 +111,35 @@ class Access:
         with self._lock:
             if sum(self._connections.values()) >= self.max_connections:
                 return f"{self.max_connections} control connections open, its limit"
-            if self._connections[key] >= self.max_connections_per_source:
+            if not _count_in(self._connections, key, self.max_connections_per_source):
                 return f"{self.max_connections_per_source} control connections open from {key}, its limit"
-            self._connections[key] += 1
             return None
 
     def close_connection(self, peer: str) -> None:
-        key = source(peer)
         with self._lock:
-            self._connections[key] -= 1
-            if self._connections[key] <= 0:
-                del self._connections[key]
+            _count_out(self._connections, source(peer))
 
     def start_test(self, peer: str) -> bool:
-        key = source(peer)
         with self._lock:
-            if self._tests[key] >= self.max_tests_per_source:
-                return False
-            self._tests[key] += 1
-            return True
+            return _count_in(self._tests, source(peer), self.max_tests_per_source)
 
     def end_test(self, peer: str) -> None:
-        key = source(peer)
         with self._lock:
-            self._tests[key] -= 1
-            if self._tests[key] <= 0:
-                del self._tests[key]
+            _count_out(self._tests, source(peer))
 
     def connections(self) -> int:
         with self._lock:
             return sum(self._connections.values())
+
+
+def _count_in(counts: Counter, key: str, limit: int) -> bool:
+    if counts[key] >= limit:
+        return False
+    counts[key] += 1
+    return True
+
+
+def _count_out(counts: Counter, key: str) -> None:
+    counts[key] -= 1
+    if counts[key] <= 0:
+        del counts[key]

@@ -57,15 +57,23 @@ def connections(port: int, algorithms: frozenset[str]) -> list[Connection]:
     return found
 
 
-def udp_bound(port: int) -> bool:
-    for name in ("udp", "udp6"):
+def bound(port: int, tables: tuple[str, ...], state: str | None = None) -> bool:
+    """A socket of this namespace on local `port` in /proc/net/TABLE (in `state`, hex as the kernel writes
+    it, e.g. 0A for a TCP listener; None: any)."""
+    for name in tables:
         try:
             lines = Path(f"/proc/net/{name}").read_text().splitlines()[1:]
         except OSError:
             continue
-        if any(int(line.split()[1].rsplit(":", 1)[1], 16) == port for line in lines if len(line.split()) > 1):
-            return True
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 3 and int(fields[1].rsplit(":", 1)[1], 16) == port and state in (None, fields[3]):
+                return True
     return False
+
+
+def udp_bound(port: int) -> bool:
+    return bound(port, ("udp", "udp6"))
 
 
 def _plain(address: str) -> str:

@@ -42,7 +42,7 @@ from ccscope.host.privileges import drop as drop_privileges
 from . import protocol
 from .access import Access
 from .credentials import Iperf3Users
-from .guard import Guard
+from .guard import Guard, bound
 from .telemetry import Telemetry, empty_reply
 
 SLACK_S = 15.0  # connect, iperf3's end-of-test exchange, a slow path
@@ -90,17 +90,8 @@ def parse_ports(text: str) -> tuple[int, int]:
 
 
 def listening(port: int) -> bool:
-    """Something listens on TCP `port` in this namespace (/proc/net/tcp, tcp6: state 0A)."""
-    for name in ("tcp", "tcp6"):
-        try:
-            lines = Path(f"/proc/net/{name}").read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            if len(fields) > 3 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
-                return True
-    return False
+    """Something listens on TCP `port` in this namespace."""
+    return bound(port, ("tcp", "tcp6"), state="0A")
 
 
 @dataclass(frozen=True)
