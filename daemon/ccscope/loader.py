@@ -111,7 +111,7 @@ def preflight() -> None:
         )
 
 
-class _OpenOpts(ctypes.Structure):
+class OpenOpts(ctypes.Structure):
     """struct bpf_object_open_opts of libbpf 1.x, up to btf_custom_path."""
 
     _fields_ = [
@@ -123,6 +123,14 @@ class _OpenOpts(ctypes.Structure):
         ("kconfig", ctypes.c_char_p),
         ("btf_custom_path", ctypes.c_char_p),
     ]
+
+
+def open_options() -> OpenOpts:
+    """Open options for ccscope's objects: CO-RE against CCSCOPE_BTF where it is set."""
+    opts = OpenOpts(sz=ctypes.sizeof(OpenOpts))
+    if btf_path() != DEFAULT_BTF:
+        opts.btf_custom_path = btf_path().encode()
+    return opts
 
 
 @dataclass
@@ -168,9 +176,7 @@ class TelemetryProbe:
         self.libbpf = Libbpf()
         lib = self.libbpf.lib
         self._ncpus = max(1, lib.libbpf_num_possible_cpus())
-        opts = _OpenOpts(sz=ctypes.sizeof(_OpenOpts))
-        if btf_path() != DEFAULT_BTF:
-            opts.btf_custom_path = btf_path().encode()
+        opts = open_options()
         path = str(object_path()).encode()
         failure = None
         # Kernels before 5.11 lack bpf_sock_from_file: then run without owners of pre-existing sockets.
@@ -195,7 +201,7 @@ class TelemetryProbe:
             self._seed_owners()
         self.libbpf.log.clear()
 
-    def _load(self, path: bytes, opts: _OpenOpts, probe: str, seed: bool) -> bool:
+    def _load(self, path: bytes, opts: OpenOpts, probe: str, seed: bool) -> bool:
         """Open the object and load `probe` (one of PROBE_BUILDS) as tcp_probe, with or without the seed."""
         lib = self.libbpf.lib
         self._obj = self.libbpf.check_ptr(lib.bpf_object__open_file(path, ctypes.byref(opts)),
