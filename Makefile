@@ -3,6 +3,7 @@ CLANG ?= clang
 ARCH := $(shell uname -m | sed -e 's/x86_64/x86/' -e 's/aarch64/arm64/')
 MULTIARCH := $(shell $(CLANG) -print-multiarch 2>/dev/null || echo $(shell uname -m)-linux-gnu)
 BPF_OBJ := daemon/ccscope/bpf/ccscope.bpf.o
+STATE_OBJ := daemon/ccscope/bpf/ccstate.bpf.o
 BPF_CFLAGS := -g -O2 -target bpf -D__TARGET_ARCH_$(ARCH) -Wall -Werror \
 	-I/usr/include/$(MULTIARCH) -Ibpf
 
@@ -32,9 +33,13 @@ setup:
 	tools/bootstrap
 setup-dev:
 	tools/bootstrap --dev
-bpf: $(BPF_OBJ) $(CC_OBJS)
+bpf: $(BPF_OBJ) $(STATE_OBJ) $(CC_OBJS)
 
 $(BPF_OBJ): bpf/ccscope.bpf.c bpf/ccscope.h bpf/core_min.h
+	@mkdir -p $(dir $@)
+	$(CLANG) $(BPF_CFLAGS) -c $< -o $@
+
+$(STATE_OBJ): bpf/ccstate.bpf.c bpf/ccstate.h bpf/core_cc.h bpf/core_min.h
 	@mkdir -p $(dir $@)
 	$(CLANG) $(BPF_CFLAGS) -c $< -o $@
 
@@ -53,5 +58,5 @@ $(ASSETS): daemon/ccscope/live/vendor.py
 	python3 daemon/ccscope/live/vendor.py
 
 clean:
-	rm -f $(BPF_OBJ) $(CC_OBJS) $(DELAYLINE)
+	rm -f $(BPF_OBJ) $(STATE_OBJ) $(CC_OBJS) $(DELAYLINE)
 	rm -rf daemon/ccscope/live/static/vendor

@@ -5,9 +5,12 @@ from __future__ import annotations
 import ctypes
 import re
 import subprocess
+from pathlib import Path
 
 import pytest
 from ccscope import bpf_types as bt
+from ccscope.ccstate import probe as state_probe
+from ccscope.ccstate import record
 from ccscope.errors import BpfError
 from ccscope.libbpf import Libbpf
 from ccscope.loader import TelemetryProbe, object_path
@@ -17,11 +20,11 @@ _TYPE = re.compile(r"^\[(\d+)\] (\w+) '([^']*)'(.*)$")
 _MEMBER = re.compile(r"^\s+'([^']*)' type_id=(\d+) bits_offset=(\d+)(?: bitfield_size=(\d+))?$")
 
 
-def _btf_types() -> dict[int, dict]:
+def _btf_types(path: Path | None = None) -> dict[int, dict]:
     """`bpftool btf dump format raw` -> {type id: {kind, name, attrs, members}}."""
     require_tools("bpftool")
     require_bpf_object()
-    out = subprocess.run(["bpftool", "btf", "dump", "file", str(object_path()), "format", "raw"],
+    out = subprocess.run(["bpftool", "btf", "dump", "file", str(path or object_path()), "format", "raw"],
                          capture_output=True, text=True, check=True).stdout
     types: dict[int, dict] = {}
     current = None
@@ -62,6 +65,24 @@ def test_struct_matches_btf(btf_structs, name: str) -> None:
     btf_members = [(m, bits // 8, _size(types, tid)) for m, tid, bits, _ in struct["members"]]
     py_members = [(f[0], getattr(mirror, f[0]).offset, getattr(mirror, f[0]).size) for f in mirror._fields_]
     assert py_members == btf_members
+
+
+def test_algorithm_state_structs_match_btf() -> None:
+    """bpf/ccstate.h against ccstate/record.py; the record's anonymous union is the mirror's `state`."""
+    types = _btf_types(state_probe.object_path())
+    structs = {t["name"]: t for t in types.values() if t["kind"] == "STRUCT"}
+    for name, mirror in record.SHARED_STRUCTS.items():
+        struct = structs[name]
+        assert ctypes.sizeof(mirror) == int(struct["attrs"]["size"]), name
+        btf_members = [("state" if m == "(anon)" else m, bits // 8, _size(types, tid))
+                       for m, tid, bits, _ in struct["members"]]
+        py_members = [(f[0], getattr(mirror, f[0]).offset, getattr(mirror, f[0]).size) for f in mirror._fields_]
+        assert py_members == btf_members, name
+    header = (ROOT / "bpf" / "ccstate.h").read_text()
+    assert set(re.findall(r"^struct (\w+) \{", header, re.M)) == set(record.SHARED_STRUCTS)
+    kinds = {k.removeprefix("CCSTATE_"): int(v) for k, v in re.findall(r"^\s*(CCSTATE_\w+) = (\d+),", header, re.M)}
+    assert kinds == {m.name: m.value for m in record.Kind}
+    assert f"#define CCSTATE_BYTES {record.STATE_BYTES}" in header
 
 
 def test_every_struct_of_the_header_is_mirrored() -> None:

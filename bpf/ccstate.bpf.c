@@ -1,0 +1,222 @@
+// SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
+/*
+ * ccstate: each congestion control's own state per flow (BBR's mode, gains and estimates; CUBIC's W_max, K
+ * and epoch), read with CO-RE from inet_csk(sk)->icsk_ca_priv on tcp:tcp_probe.
+ *
+ * An object of its own beside ccscope.bpf.o: a kernel that lacks one algorithm's type still loads it (the
+ * reads of a missing type sit behind bpf_core_type_exists and are never run), and a kernel that refuses it
+ * costs the flows their state, never their telemetry.
+ *
+ * Between copies, each segment costs a per-CPU array access, a compare of the socket's congestion ops and of
+ * its state's key (BBR's mode; CUBIC's W_max and whether an epoch runs): a change of either is copied on the segment after it,
+ * so a 200 ms PROBE_RTT or a loss's end of CUBIC's epoch is never lost between two periodic copies.
+ */
+#include <linux/types.h>
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
+#include "core_min.h"
+#include "core_cc.h"
+#include "ccstate.h"
+
+#define GATE_SLOTS 1024
+#define BBR_PROBE_RTT 3
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384); /* the loader sizes it as the flows map */
+	__type(key, __u64);
+	__type(value, struct ccstate);
+} ccstates SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct ccstate_config);
+} ccstate_config SEC(".maps");
+
+/* Per CPU, per socket (by cookie, direct-mapped): what the last copy saw, and when the next is due. */
+struct gate {
+	__u64 cookie;
+	__u64 ops;             /* icsk_ca_ops of the last copy: a change of algorithm classifies again */
+	__u64 next_us;         /* tcp_mstamp before which no periodic copy is due */
+	__u32 kind;
+	__u32 key;             /* BBR's mode or CUBIC's W_max at the last copy */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, GATE_SLOTS);
+	__type(key, __u32);
+	__type(value, struct gate);
+} ccstate_gates SEC(".maps");
+
+extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym __weak;
+
+static __always_inline __u64 socket_cookie(struct sock *sk)
+{
+	__u64 cookie = sk->__sk_common.skc_cookie.counter;
+
+	return cookie ? cookie : bpf_get_socket_cookie(sk);
+}
+
+/*
+ * What is copied at once when it changes: the algorithm's one word (BBR's mode, CUBIC's W_max), and whether
+ * everything sent is acknowledged. The latter copies the state a flow comes to rest in: tcp_probe fires before
+ * its segment is processed, so a copy shows the state after the segment before, and the periodic copy
+ * compares the socket's clock as of that segment; without it, the state after a round's last ACK waited for
+ * the next round (`ss` read pacing_gain 1.25 where the copy still said 1).
+ */
+static __always_inline __u32 change_key(struct tcp_sock *tp, __u32 kind)
+{
+	void *priv = tp->inet_conn.icsk_ca_priv;
+	__u32 idle = tp->packets_out == 0;
+
+	if (kind == CCSTATE_BBR && bpf_core_type_exists(struct bbr))
+		return BPF_CORE_READ_BITFIELD((struct bbr *)priv, mode) << 1 | idle;
+	if (kind == CCSTATE_CUBIC && bpf_core_type_exists(struct bictcp))
+		return ((struct bictcp *)priv)->last_max_cwnd << 2 | !((struct bictcp *)priv)->epoch_start << 1 | idle;
+	return idle;
+}
+
+static __always_inline __u32 classify(const struct tcp_congestion_ops *ops)
+{
+	char name[8] = {};
+
+	if (!ops || bpf_probe_read_kernel(name, sizeof(name), ops->name) != 0)
+		return CCSTATE_NONE;
+	if (bpf_core_type_exists(struct bbr) && name[0] == 'b' && name[1] == 'b' && name[2] == 'r' && !name[3])
+		return CCSTATE_BBR;
+	if (bpf_core_type_exists(struct bictcp) && name[0] == 'c' && name[1] == 'u' && name[2] == 'b' &&
+	    name[3] == 'i' && name[4] == 'c' && !name[5])
+		return CCSTATE_CUBIC;
+	return CCSTATE_NONE;
+}
+
+static __always_inline void copy_bbr(struct bbr_state *out, struct tcp_sock *tp, int counted)
+{
+	struct bbr *b = (void *)tp->inet_conn.icsk_ca_priv;
+	__u8 mode;
+
+	if (!bpf_core_type_exists(struct bbr))
+		return;
+	mode = BPF_CORE_READ_BITFIELD(b, mode);
+	if (counted && mode != out->mode) {
+		out->mode_changes += 1;
+		if (mode == BBR_PROBE_RTT)
+			out->probe_rtt_entries += 1;
+	}
+	out->mode = mode;
+	out->lt_use_bw = BPF_CORE_READ_BITFIELD(b, lt_use_bw);
+	out->bw = out->lt_use_bw ? b->lt_bw : b->bw.s[0].v;
+	out->min_rtt_us = b->min_rtt_us;
+	out->mss = tp->mss_cache;
+	out->pacing_gain = BPF_CORE_READ_BITFIELD(b, pacing_gain);
+	out->cwnd_gain = BPF_CORE_READ_BITFIELD(b, cwnd_gain);
+	out->cycle_idx = BPF_CORE_READ_BITFIELD(b, cycle_idx);
+	out->full_bw_reached = BPF_CORE_READ_BITFIELD(b, full_bw_reached);
+}
+
+static __always_inline void copy_cubic(struct cubic_state *out, struct tcp_sock *tp, int counted)
+{
+	struct bictcp *c = (void *)tp->inet_conn.icsk_ca_priv;
+	__u32 epoch_start;
+
+	if (!bpf_core_type_exists(struct bictcp))
+		return;
+	epoch_start = c->epoch_start;
+	if (counted && !epoch_start && out->epoch_start)
+		out->epochs_ended += 1;
+	out->epoch_start = epoch_start;
+	out->last_max_cwnd = c->last_max_cwnd;
+	out->bic_K = c->bic_K;
+	out->bic_origin_point = c->bic_origin_point;
+	out->tcp_cwnd = c->tcp_cwnd;
+	out->delay_min = c->delay_min;
+	out->found = c->found;
+	out->snd_cwnd = tp->snd_cwnd;
+	out->snd_ssthresh = tp->snd_ssthresh;
+}
+
+/* The record of this socket, made (or made again, after a change of algorithm) for `kind`. */
+static __noinline struct ccstate *record_for(__u64 cookie, __u32 kind)
+{
+	struct ccstate *st = bpf_map_lookup_elem(&ccstates, &cookie);
+	struct ccstate fresh = {};
+
+	if (st && st->kind == kind)
+		return st;
+	fresh.cookie = cookie;
+	fresh.kind = kind;
+	if (bpf_map_update_elem(&ccstates, &cookie, &fresh, BPF_ANY) != 0)
+		return 0;
+	return bpf_map_lookup_elem(&ccstates, &cookie);
+}
+
+/* A copy is due: a new socket or algorithm, a change of the key word, or the periodic interval. */
+static __noinline int copy(struct tcp_sock *tp, __u64 cookie, __u64 ops, struct gate *gate)
+{
+	__u32 key = 0, slot = 0, kind = gate->kind;
+	struct ccstate_config *cfg;
+	struct ccstate *st;
+	int counted;
+	__u64 now;
+
+	if (gate->cookie != cookie || gate->ops != ops)
+		kind = classify((const struct tcp_congestion_ops *)ops);
+	cfg = bpf_map_lookup_elem(&ccstate_config, &slot);
+	now = bpf_ktime_get_ns();
+	gate->cookie = cookie;
+	gate->ops = ops;
+	gate->kind = kind;
+	gate->next_us = (now + (cfg ? cfg->interval_ns : 10000000)) / 1000;
+	if (kind == CCSTATE_NONE)
+		return 0;
+	st = record_for(cookie, kind);
+	if (!st)
+		return 0;
+	counted = st->updated_ns != 0; /* a fresh record has nothing to compare with */
+	if (kind == CCSTATE_BBR)
+		copy_bbr(&st->bbr, tp, counted);
+	else
+		copy_cubic(&st->cubic, tp, counted);
+	st->updated_ns = now;
+	key = change_key(tp, kind);
+	gate->key = key;
+	return 0;
+}
+
+static __always_inline int follow(struct sock *sk, struct tcp_sock *tp)
+{
+	__u64 cookie = socket_cookie(sk), ops;
+	__u32 slot = cookie & (GATE_SLOTS - 1);
+	struct gate *gate = bpf_map_lookup_elem(&ccstate_gates, &slot);
+
+	if (!gate || !tp)
+		return 0;
+	ops = (__u64)tp->inet_conn.icsk_ca_ops;
+	if (gate->cookie == cookie && gate->ops == ops) {
+		if (gate->kind == CCSTATE_NONE)
+			return 0;
+		if (change_key(tp, gate->kind) == gate->key && tp->tcp_mstamp < gate->next_us)
+			return 0;
+	}
+	return copy(tp, cookie, ops, gate);
+}
+
+/* Two builds of one program, as ccscope.bpf.c's tcp_probe: the loader takes the first this kernel loads. */
+SEC("tp_btf/tcp_probe")
+int BPF_PROG(ccstate_probe, struct sock *sk, const struct sk_buff *skb)
+{
+	return follow(sk, bpf_rdonly_cast(sk, bpf_core_type_id_kernel(struct tcp_sock)));
+}
+
+SEC("tp_btf/tcp_probe")
+int BPF_PROG(ccstate_probe_skc, struct sock *sk, const struct sk_buff *skb)
+{
+	return follow(sk, bpf_skc_to_tcp_sock(sk));
+}

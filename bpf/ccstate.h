@@ -1,0 +1,65 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/*
+ * What bpf/ccstate.bpf.c keeps per flow: a congestion control's own state, as the kernel holds it in
+ * inet_csk(sk)->icsk_ca_priv, copied out in the kernel's units (daemon/ccscope/ccstate/ decodes each
+ * algorithm's part in a file of its own; tests/test_layout.py checks the mirror).
+ */
+#ifndef __CCSCOPE_CCSTATE_H
+#define __CCSCOPE_CCSTATE_H
+
+enum ccstate_kind {
+	CCSTATE_NONE = 0,  /* an algorithm without a decoder, or whose type this kernel's BTF lacks */
+	CCSTATE_BBR = 1,
+	CCSTATE_CUBIC = 2,
+};
+
+/* tcp_bbr.c's struct bbr, the fields ccscope shows. */
+struct bbr_state {
+	__u32 bw;              /* bbr_bw(): packets per us << 24 (BW_SCALE); lt_bw while lt_use_bw */
+	__u32 min_rtt_us;
+	__u32 mss;             /* tp->mss_cache at the same moment, to turn bw into bytes */
+	__u16 pacing_gain;     /* << 8 (BBR_UNIT) */
+	__u16 cwnd_gain;       /* << 8 */
+	__u8 mode;             /* enum bbr_mode: 0 startup, 1 drain, 2 probe_bw, 3 probe_rtt */
+	__u8 cycle_idx;
+	__u8 full_bw_reached;
+	__u8 lt_use_bw;
+	__u32 mode_changes;    /* every change of mode seen, counted on the first segment after it */
+	__u32 probe_rtt_entries;
+	__u32 __pad0;
+};
+
+/* tcp_cubic.c's struct bictcp. */
+struct cubic_state {
+	__u32 last_max_cwnd;   /* W_max, segments */
+	__u32 bic_K;           /* 1/1024 s (BICTCP_HZ 10) */
+	__u32 bic_origin_point;
+	__u32 epoch_start;     /* jiffies; 0 until the first ACK after a loss or idle */
+	__u32 tcp_cwnd;        /* the Reno-friendly estimate */
+	__u32 delay_min;       /* us << 3 (HyStart's min RTT) */
+	__u32 snd_cwnd;        /* the socket's, at the same moment */
+	__u32 snd_ssthresh;
+	__u32 epochs_ended;    /* epoch_start reset to 0: each loss (W_max set), and each restart after idle */
+	__u8 found;            /* HyStart's exit: 0 none, 1 ACK train, 2 delay */
+	__u8 __pad0[3];
+};
+
+#define CCSTATE_BYTES 48
+
+struct ccstate {
+	__u64 cookie;
+	__u64 updated_ns;      /* bpf_ktime_get_ns() of the copy */
+	__u32 kind;            /* enum ccstate_kind */
+	__u32 __pad0;
+	union {
+		struct bbr_state bbr;
+		struct cubic_state cubic;
+		__u8 bytes[CCSTATE_BYTES];
+	};
+};
+
+struct ccstate_config {
+	__u64 interval_ns;     /* copies at most this often per flow, besides every change of mode or W_max */
+};
+
+#endif /* __CCSCOPE_CCSTATE_H */

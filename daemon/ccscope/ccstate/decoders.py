@@ -1,0 +1,29 @@
+"""The decoders by kind: a kernel record (record.CcState) to its algorithm's state, and every state series."""
+
+from __future__ import annotations
+
+from . import bbr, cubic
+from .record import CcState, Kind, StateMetric
+
+AlgorithmState = bbr.BbrState | cubic.CubicState
+# kind -> (its union member, decode, series); a new algorithm adds one line here and a file of its own
+DECODERS = {
+    Kind.BBR: ("bbr", bbr.decode, bbr.METRICS),
+    Kind.CUBIC: ("cubic", cubic.decode, cubic.METRICS),
+}
+STATE_TYPES: dict[type, tuple[StateMetric, ...]] = {bbr.BbrState: bbr.METRICS, cubic.CubicState: cubic.METRICS}
+
+
+def decode(raw: CcState) -> AlgorithmState | None:
+    found = DECODERS.get(raw.kind)
+    if found is None or not raw.updated_ns:
+        return None
+    member, decoder, _ = found
+    return decoder(getattr(raw, member))
+
+
+def metrics_of(state: AlgorithmState) -> tuple[StateMetric, ...]:
+    return STATE_TYPES[type(state)]
+
+
+ALL_METRICS: tuple[StateMetric, ...] = tuple(m for _, _, metrics in DECODERS.values() for m in metrics)

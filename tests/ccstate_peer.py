@@ -1,0 +1,75 @@
+"""Both ends of a TCP flow for tests/test_ccstate_*.py, each run in its namespace.
+
+    python tests/ccstate_peer.py serve PORT ROUND_BYTES     b: reads ROUND_BYTES, waits 60 ms, answers one byte
+    python tests/ccstate_peer.py rounds ADDR PORT CC ROUND_BYTES
+        a: prints its socket cookie; for each line on stdin sends ROUND_BYTES and waits for the answer, then
+        prints "ready". The answer reaches a after the ACK of the round's last byte (the 60 ms outlast a delayed
+        ACK), so the state the kernel side copied on it is the state after every ACK: `ss` reads the same.
+    python tests/ccstate_peer.py bulk ADDR PORT CC SECONDS   a: prints its cookie, sends for SECONDS
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+
+SO_COOKIE = 57
+
+
+def serve(port: int, round_bytes: int) -> None:
+    listener = socket.create_server(("0.0.0.0", port), reuse_port=True)
+    conn, _ = listener.accept()
+    while True:
+        got = 0
+        while got < round_bytes:
+            data = conn.recv(min(1 << 20, round_bytes - got))
+            if not data:
+                return
+            got += len(data)
+        time.sleep(0.06)
+        conn.sendall(b"k")
+
+
+def connect(addr: str, port: int, cc: str) -> socket.socket:
+    sock = socket.socket()
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, cc.encode())
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            sock.connect((addr, port))
+            break
+        except ConnectionRefusedError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+    print(int.from_bytes(sock.getsockopt(socket.SOL_SOCKET, SO_COOKIE, 8), "little"), flush=True)
+    return sock
+
+
+def rounds(addr: str, port: int, cc: str, round_bytes: int) -> None:
+    sock = connect(addr, port, cc)
+    payload = b"x" * round_bytes
+    for _ in sys.stdin:
+        sock.sendall(payload)
+        if sock.recv(1) != b"k":
+            return
+        print("ready", flush=True)
+
+
+def bulk(addr: str, port: int, cc: str, seconds: float) -> None:
+    sock = connect(addr, port, cc)
+    payload, end = b"x" * 65536, time.monotonic() + seconds
+    while time.monotonic() < end:
+        sock.sendall(payload)
+    sock.close()
+
+
+if __name__ == "__main__":
+    mode, *rest = sys.argv[1:]
+    if mode == "serve":
+        serve(int(rest[0]), int(rest[1]))
+    elif mode == "rounds":
+        rounds(rest[0], int(rest[1]), rest[2], int(rest[3]))
+    else:
+        bulk(rest[0], int(rest[1]), rest[2], float(rest[3]))

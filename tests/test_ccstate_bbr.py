@@ -1,0 +1,151 @@
+"""BBR's own state (ccstate/bbr.py) against `ss -tin`'s bbr:(bw,mrtt,pacing_gain,cwnd_gain), which the kernel's
+bbr_get_info() fills from the same struct bbr; and PROBE_RTT entries against `ss`'s view of each one."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from ccscope.ccstate.decoders import decode
+from ccscope.ccstate.probe import StateProbe
+from ccscope.ccstate.record import BbrStateC, CcState, Kind
+from ccscope_testkit.net import CCSCOPE, Daemon, Link, parse_metrics
+from ccscope_testkit.prereqs import require_bpf_object, require_root, require_tools
+
+PEER = str(Path(__file__).with_name("ccstate_peer.py"))
+PORT = 5301
+SS_BBR = re.compile(r"bbr:\(bw:([\d.]+)([KMG]?)bps,mrtt:([\d.]+),pacing_gain:([\d.]+),cwnd_gain:([\d.]+)\)")
+SCALE = {"": 1, "K": 1e3, "M": 1e6, "G": 1e9}
+# bbr_update_gains(): the gains each mode sets (x 256: 739 is bbr_high_gain, 88 bbr_drain_gain)
+GAINS = {"startup": ({739}, {739}), "drain": ({88}, {739}), "probe_bw": ({320, 192, 256}, {512}),
+         "probe_rtt": ({256}, {256})}
+
+
+def test_decoder_units() -> None:
+    raw = CcState(kind=Kind.BBR, updated_ns=1)
+    raw.bbr = BbrStateC(bw=1 << 24, min_rtt_us=40_000, mss=1448, pacing_gain=320, cwnd_gain=512, mode=2,
+                        cycle_idx=3, full_bw_reached=1, mode_changes=2, probe_rtt_entries=1)
+    state = decode(raw)
+    assert state.mode == "probe_bw" and state.mode_number == 2
+    assert state.bandwidth_Bps == 1448e6  # one packet per us
+    assert (state.min_rtt_s, state.pacing_gain, state.cwnd_gain) == (0.04, 1.25, 2.0)
+    assert state.summary() == "bbr:probe_bw bw:11584.00Mbps mrtt:40.000ms pacing_gain:1.25 cwnd_gain:2"
+    raw.bbr.mode = 5  # a BBR with modes tcp_bbr.c does not have: no state rather than a wrong one
+    assert decode(raw) is None
+    raw.bbr.mode, raw.bbr.min_rtt_us = 0, 0xFFFFFFFF
+    assert decode(raw).min_rtt_s is None
+    assert decode(CcState(kind=Kind.BBR)) is None  # never copied yet
+
+
+@pytest.fixture
+def link() -> Iterator[Link]:
+    require_root()
+    require_tools("ip", "tc", "ss")
+    require_bpf_object()
+    made = Link.create("203.0.113")
+    try:
+        made.shape("20mbit", burst="16kb", limit="48kb")
+        yield made
+    finally:
+        made.close()
+
+
+def _ss_bbr(link: Link) -> tuple[float, float, float, float] | None:
+    """bw (bit/s), mrtt (s), pacing_gain, cwnd_gain of the flow to PORT, as `ss -tin` prints them."""
+    out = link.ns(link.a, "ss", "-tinH", "dport", "=", f":{PORT}").stdout
+    found = SS_BBR.search(out)
+    if not found:
+        return None
+    bw, unit, mrtt, pacing, cwnd = found.groups()
+    return float(bw) * SCALE[unit], float(mrtt) / 1e3, float(pacing), float(cwnd)
+
+
+def _peer(link: Link, ns: str, *args: str) -> subprocess.Popen:
+    return link.popen(ns, sys.executable, PEER, *args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
+def test_state_equals_ss_at_rest(link: Link) -> None:
+    """20 rounds of 300 kB through a 20 Mbit/s tbf (~120 ms each), each ended at rest: our copy and `ss` then
+    read the same struct bbr. bw: ss prints 3-4 significant digits (0.1 Mbit/s of ~19), so within 0.6 %;
+    mrtt exactly (ss prints µs); the gains exactly; and the gains are the mode's, as bbr_update_gains sets them."""
+    server = _peer(link, link.b, "serve", str(PORT), "300000")
+    client = _peer(link, link.a, "rounds", link.addr_b, str(PORT), "bbr", "300000")
+    daemon, flows = Daemon("--flows", "all"), None
+    try:
+        with StateProbe() as probe:
+            cookie = int(client.stdout.readline())
+            seen, modes = [], set()
+            # `ccscope flows` meets the flow while the rounds run (a flow at rest sends tcp_probe nothing)
+            flows = subprocess.Popen([*CCSCOPE, "flows", "--once", "--interval", "1s", "--json", "--port", str(PORT)],
+                                     stdout=subprocess.PIPE, text=True)
+            for _ in range(20):
+                client.stdin.write("go\n")
+                client.stdin.flush()
+                assert client.stdout.readline().strip() == "ready"
+                ours, theirs = decode(probe.raw(cookie)), _ss_bbr(link)
+                assert theirs is not None
+                seen.append((ours, theirs))
+                modes.add(ours.mode)
+            scraped = [(name, value) for name, labels, value in parse_metrics(daemon.scrape_text())
+                       if labels.get("dport") == str(PORT)]
+            listed = json.loads(flows.communicate(timeout=60)[0])
+    finally:
+        daemon.stop()
+        for proc in (client, server, *([flows] if flows else [])):
+            proc.kill()
+            proc.wait()
+    # the daemon's series: BBR's, at rest equal to `ss`; none of CUBIC's on a BBR flow (absent, not zero)
+    assert not daemon.warnings, daemon.warnings
+    series = dict(scraped)
+    assert series["ccscope_flow_bbr_pacing_gain"] == pytest.approx(seen[-1][1][2], abs=1e-3), series
+    assert series["ccscope_flow_bbr_mode"] == 2 and series["ccscope_flow_bbr_min_rtt_seconds"] == seen[-1][0].min_rtt_s
+    assert not [name for name in series if "cubic" in name], series
+    # `ccscope flows --json`: the sender's state, met mid-round
+    [sender] = [f for f in listed if f["dport"] == PORT]
+    assert sender["state"].keys() == seen[-1][0].as_dict().keys() and sender["state"]["mode"] == "probe_bw", sender
+    for ours, (bw, mrtt, pacing, cwnd) in seen:
+        assert ours.bandwidth_Bps * 8 == pytest.approx(bw, rel=0.006), (ours, bw)
+        assert ours.min_rtt_s == pytest.approx(mrtt, abs=1e-6), (ours, mrtt)
+        assert (ours.pacing_gain, ours.cwnd_gain) == (pytest.approx(pacing, abs=1e-3), pytest.approx(cwnd, abs=1e-3))
+        pacing_set, cwnd_set = GAINS[ours.mode]
+        assert round(ours.pacing_gain * 256) in pacing_set and round(ours.cwnd_gain * 256) in cwnd_set, ours
+    last = seen[-1][0]
+    # out of startup (drain may last less than one ACK: bbr_check_drain() can enter and leave it in one call,
+    # and then the change seen is startup -> probe_bw), the pipe found full
+    assert last.full_bw_reached and last.mode_changes >= 1 and modes == {"probe_bw"}, (last, modes)
+
+
+def test_every_probe_rtt_is_counted(link: Link) -> None:
+    """12 s of bulk into a queue that never empties: min_rtt (the empty path's) is never seen again, so BBR
+    enters PROBE_RTT once its 10 s are up and holds cwnd at 4 for 200 ms. `ss -tin` polled every 20 ms sees
+    it as a run of cwnd_gain 1 (probe_rtt's alone); our counter must count each run, and no more."""
+    server = _peer(link, link.b, "serve", str(PORT), str(1 << 62))
+    client = _peer(link, link.a, "bulk", link.addr_b, str(PORT), "bbr", "12")
+    episodes, in_probe_rtt, cwnds = 0, False, []
+    try:
+        with StateProbe(interval_ns=50_000_000) as probe:  # a long interval: the change itself must be copied
+            cookie = int(client.stdout.readline())
+            while client.poll() is None:
+                out = link.ns(link.a, "ss", "-tinH", "dport", "=", f":{PORT}", check=False).stdout
+                found = SS_BBR.search(out)
+                if found:
+                    now = float(found.group(5)) == 1.0
+                    episodes += now and not in_probe_rtt
+                    in_probe_rtt = now
+                    if now:
+                        cwnds.append(int(re.search(r"cwnd:(\d+)", out).group(1)))
+                time.sleep(0.02)
+            state = decode(probe.raw(cookie))
+    finally:
+        for proc in (client, server):
+            proc.kill()
+            proc.wait()
+    assert episodes == 1, episodes
+    assert state.probe_rtt_entries == episodes, state
+    assert min(cwnds) <= 4, cwnds
