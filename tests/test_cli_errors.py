@@ -190,6 +190,9 @@ def test_check_passes_here() -> None:
     result = run_cli("check")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "load and attach" in result.stdout and "FAIL" not in result.stdout
+    # bbr and cubic are built into this kernel, so their types are in vmlinux BTF (issue 28)
+    state = next(line for line in result.stdout.splitlines() if line.startswith("algorithm state"))
+    assert state.split(None, 3)[2:] == ["ok", "bbr (vmlinux), cubic (vmlinux)"], state
     # The backend scenarios will get on this kernel: netem where the kernel has it, else the fallback.
     emulation = next(line for line in result.stdout.splitlines() if line.startswith("link emulation"))
     has_netem = "netem" in emulation.split("qdiscs:")[-1]

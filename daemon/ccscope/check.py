@@ -92,6 +92,42 @@ def check_attach() -> Result:
     return Result("load and attach", "ok", f"3 programs attached and detached; tcp_probe casts the socket with {how}")
 
 
+STATE_TYPES = (("bbr", "bbr", "tcp_bbr"), ("cubic", "bictcp", "tcp_cubic"))  # algorithm, its struct, its module
+BTF_KIND_STRUCT = 4
+
+
+def _state_type_where(libbpf: loader.Libbpf, struct: str, module: str) -> str | None:
+    """Where CO-RE finds an algorithm's type: vmlinux BTF, its module's BTF while loaded, or nowhere (None)."""
+    lib = libbpf.lib
+    btf = lib.btf__load_vmlinux_btf()
+    if btf:
+        try:
+            if lib.btf__find_by_name_kind(btf, struct.encode(), BTF_KIND_STRUCT) > 0:
+                return "vmlinux"
+        finally:
+            lib.btf__free(btf)
+    return f"module {module}" if Path("/sys/kernel/btf", module).exists() else None
+
+
+def check_algorithm_state() -> Result:
+    """Whether flows will carry their algorithm's own state (ccstate), and for which algorithms."""
+    from .ccstate.probe import open_optional
+
+    state_probe, why = open_optional(64, 10_000_000)
+    if state_probe is None:
+        return Result("algorithm state", "warn", f"flows carry no algorithm state: {why}")
+    try:
+        where = {name: _state_type_where(state_probe.libbpf, struct, module) for name, struct, module in STATE_TYPES}
+    finally:
+        state_probe.close()
+    found = [f"{name} ({place})" for name, place in where.items() if place]
+    lacking = [f"{name} (its type is in no BTF: load its module, e.g. modprobe {module})"
+               for name, _, module in STATE_TYPES if not where[name]]
+    if lacking:
+        return Result("algorithm state", "warn", f"{', '.join(found) or 'none'}; no state for {', '.join(lacking)}")
+    return Result("algorithm state", "ok", ", ".join(found))
+
+
 def check_algorithms() -> Result:
     base = Path("/proc/sys/net/ipv4")
     try:
@@ -131,7 +167,7 @@ def run_checks() -> list[Result]:
     results = [check_privileges(), check_kernel(), check_btf(), check_tracepoints(), check_libbpf(),
                check_object()]
     if not any(r.failed for r in results):
-        results.append(check_attach())
+        results += [check_attach(), check_algorithm_state()]
     results += [check_algorithms(), check_tools(), check_emulation()]
     return results
 

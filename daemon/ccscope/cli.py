@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import gc
 import json
@@ -13,7 +14,7 @@ import ssl
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import orjson
@@ -23,6 +24,8 @@ from . import __version__, check
 from .attribution import UNATTRIBUTED, Attributor, LabelOptions
 from .bpf_types import EVENT_NAMES, Counter
 from .cc.provide import shown_names
+from .ccstate.decoders import AlgorithmState
+from .ccstate.probe import StateProbe, open_optional
 from .errors import CcscopeError, PrerequisiteError, UsageError
 from .exporter import FlowCollector
 from .flows import (
@@ -192,10 +195,11 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     options = _probe_options(args, emit_samples=False)
     options.cgroup_stats, options.max_cgroups = labels.needs_cgroups, args.max_cgroups
     stop = _stop_event()
-    with TelemetryProbe(options) as probe:
+    with TelemetryProbe(options) as probe, _algorithm_state(options) as state_probe:
         table = FlowTable(probe, grace_s=grace)
         collector = FlowCollector(table, selection, flow_filter, labels,
-                                  attributor if labels.needs_cgroups else None)
+                                  attributor if labels.needs_cgroups else None,
+                                  states=state_probe.states if state_probe else None)
         registry = CollectorRegistry()
         registry.register(collector)
         push = OtlpPush(otlp_options, collector.collect) if otlp_options else None
@@ -249,6 +253,21 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _algorithm_state(options: ProbeOptions) -> Iterator[StateProbe | None]:
+    """Each algorithm's own state beside the telemetry, where this kernel loads it; else one warning line and
+    flows without it."""
+    state_probe, why = open_optional(options.max_flows, options.sample_interval_ns)
+    if why:
+        print(f"ccscope: warning: no algorithm state (BBR's mode, CUBIC's W_max): {why}", file=sys.stderr,
+              flush=True)
+    try:
+        yield state_probe
+    finally:
+        if state_probe:
+            state_probe.close()
+
+
 def _metrics_server(args: argparse.Namespace, registry: CollectorRegistry, live, host: str | None, port: int | None,
                     tls, auth, headers):
     """The page and /metrics, /metrics alone (--no-live), or nothing (--listen off, OTLP only)."""
@@ -290,11 +309,14 @@ def _close_live(live) -> None:
 # --- flows -----------------------------------------------------------------------------------------
 
 
-def format_flows(flows: list[FlowRecord], attributor: Attributor | None = None) -> str:
+def format_flows(flows: list[FlowRecord], attributor: Attributor | None = None,
+                 states: Mapping[int, AlgorithmState] | None = None) -> str:
+    """The table; with `states`, a last column of each algorithm's own state as `ss -i` words it."""
     columns = (*FLOW_COLUMNS, *attribution_columns(attributor))
-    header = "  ".join(f"{c.title:{c.spec}}" for c in columns).rstrip()
-    rows = ["  ".join(f"{c.text(f):{c.spec}}" for c in columns).rstrip() for f in flows]
-    return "\n".join([header, *rows])
+    header = "  ".join(f"{c.title:{c.spec}}" for c in columns) + ("  ALGORITHM STATE" if states is not None else "")
+    rows = ["  ".join(f"{c.text(f):{c.spec}}" for c in columns) +
+            (f"  {states[f.cookie].summary()}" if states and f.cookie in states else "") for f in flows]
+    return "\n".join(line.rstrip() for line in [header, *rows])
 
 
 def _attributed(data: dict, attributor: Attributor | None) -> dict:
@@ -302,6 +324,13 @@ def _attributed(data: dict, attributor: Attributor | None) -> dict:
     found = attributor(data["cgroup_id"]) if attributor else UNATTRIBUTED
     data.update(cgroup=found.cgroup, container=found.container, pod=found.pod, namespace=found.namespace,
                 pod_uid=found.pod_uid)
+    return data
+
+
+def _with_state(data: dict, states: Mapping[int, AlgorithmState] | None) -> dict:
+    """A flow's as_dict() keys plus `state`: its algorithm's own (ccstate), or null."""
+    state = states.get(data["cookie"]) if states else None
+    data["state"] = state.as_dict() if state else None
     return data
 
 
@@ -313,7 +342,8 @@ def cmd_flows(args: argparse.Namespace) -> int:
     flow_filter = _filter(args, attributor)
     stop = _stop_event()
     live = sys.stdout.isatty() and not args.once
-    with TelemetryProbe(_probe_options(args, emit_samples=False)) as probe:
+    options = _probe_options(args, emit_samples=False)
+    with TelemetryProbe(options) as probe, _algorithm_state(options) as state_probe:
         table = FlowTable(probe, grace_s=2.0)
         if args.once:
             stop.wait(interval)  # let tcp_probe see the flows first
@@ -323,13 +353,15 @@ def cmd_flows(args: argparse.Namespace) -> int:
             shown = flows[: args.limit]
             if attributor:
                 attributor.refresh()
+            states = state_probe.states([f.cookie for f in shown]) if state_probe else None
             if args.json:
-                print(json.dumps([_attributed(f.as_dict(), attributor) for f in shown]), flush=True)
+                print(json.dumps([_attributed(_with_state(f.as_dict(), states), attributor) for f in shown]),
+                      flush=True)
             else:
                 if live:
                     print("\033[H\033[2J", end="")
                 print(f"{len(flows)} flows, sorted by {args.sort} "
-                      f"({time.strftime('%H:%M:%S')})\n{format_flows(shown, attributor)}", flush=True)
+                      f"({time.strftime('%H:%M:%S')})\n{format_flows(shown, attributor, states)}", flush=True)
             if args.once or stop.wait(interval):
                 return 0
 

@@ -13,7 +13,7 @@ import platform
 import threading
 import time
 from collections import Counter as Tally
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -26,6 +26,7 @@ from prometheus_client.registry import Collector
 from . import __version__
 from . import bpf_types as bt
 from .attribution import OTHER, UNATTRIBUTED, Attributor, LabelOptions
+from .ccstate.decoders import ALL_METRICS, AlgorithmState, metrics_of
 from .flows import CA_STATES, FlowFilter, FlowRecord, FlowSelection, FlowTable, decode
 from .flowscan import FlowColumns
 
@@ -99,8 +100,10 @@ class FlowCollector(Collector):
     """Collect-on-scrape view of the kernel maps."""
 
     def __init__(self, table: FlowTable, selection: FlowSelection, flow_filter: FlowFilter | None = None,
-                 labels: LabelOptions | None = None, attributor: Attributor | None = None) -> None:
+                 labels: LabelOptions | None = None, attributor: Attributor | None = None,
+                 states: Callable[[list[int]], Mapping[int, AlgorithmState]] | None = None) -> None:
         self.table = table
+        self.states = states  # each flow's algorithm state by cookie (ccstate.probe.StateProbe.states)
         self.selection = selection
         self.filter = flow_filter or FlowFilter()
         self.labels = labels or LabelOptions()
@@ -170,6 +173,21 @@ class FlowCollector(Collector):
                 value = getter(flow)
                 if value is not None:
                     family.add_metric(values, value)
+            yield family
+        if self.states is not None:
+            yield from self._state_metrics(flows, labels)
+
+    def _state_metrics(self, flows: list[FlowRecord], labels: list[list[str]]) -> Iterator[Metric]:
+        """Each algorithm's own series (ccstate), for the flows that have its state: absent for the others."""
+        found = self.states([f.cookie for f in flows])
+        for metric in ALL_METRICS:
+            family = _family(metric.name, metric.help, metric.kind, self.flow_label_names)
+            for flow, values in zip(flows, labels, strict=True):
+                state = found.get(flow.cookie)
+                if state is not None and metric in metrics_of(state):
+                    value = metric.value(state)
+                    if value is not None:
+                        family.add_metric(values, value)
             yield family
 
     def _host_metrics(self, columns: FlowColumns) -> Iterator[Metric]:

@@ -36,6 +36,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from . import __version__
+from .ccstate.decoders import ALL_METRICS
 from .errors import PrerequisiteError, UsageError
 from .otlp_http import Endpoint, ExportFailed, check_header, post, redact, tls_context
 
@@ -86,6 +87,8 @@ INSTRUMENTS: tuple[Instrument, ...] = (
          "ccscope_tcp_flows_started"),
     _one("ccscope.tcp.retransmits", "{segment}", "counter",
          "Retransmitted segments on all flows of the host, by algorithm.", "ccscope_tcp_retransmits"),
+    # each algorithm's own state: named once, in its decoder (ccstate/)
+    *(_one(m.otlp, m.unit, m.kind, m.help, m.name) for m in ALL_METRICS),
 )
 
 # Prometheus label -> OpenTelemetry attribute; an empty label value is no attribute.
