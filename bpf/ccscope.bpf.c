@@ -54,6 +54,14 @@ struct {
 	__type(value, __u64); /* first_ns */
 } first_seen SEC(".maps");
 
+/* Each flow's retransmitted segments by cause; sized as `flows` by the loader. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u64);
+	__type(value, struct retrans_causes);
+} retrans_causes SEC(".maps");
+
 /* Per socket: how much of its tp->total_retrans is already in cc_stats and cgroup_stats (add_retransmits). */
 struct {
 	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
@@ -585,7 +593,47 @@ int BPF_PROG(tcp_probe_skc, struct sock *sk, const struct sk_buff *skb)
  * (100 of 107).
  * Runs under the socket's lock (the tracepoint's and TCP_CLOSE's callers hold it): no two at once per socket.
  */
-static __always_inline void add_retransmits(struct sock *sk, struct tcp_sock *tp, __u32 slot)
+#define TCP_CA_RECOVERY 3
+#define TCP_CA_LOSS 4
+#define ICSK_TIME_LOSS_PROBE 5
+
+/*
+ * The cause, from where the kernel retransmits: tcp_retransmit_timer() enters Loss before it retransmits the
+ * head (and the slow start after an RTO stays in Loss); fast retransmit and RACK's reordering timeout
+ * retransmit in Recovery; tcp_send_loss_probe() runs from the write timer with icsk_pending still
+ * ICSK_TIME_LOSS_PROBE (the RTO case clears it first), and only in Open. Checked in that order.
+ */
+static __always_inline __u32 retransmit_cause(struct tcp_sock *tp)
+{
+	__u8 state = BPF_CORE_READ_BITFIELD_PROBED(&tp->inet_conn, icsk_ca_state);
+
+	if (state == TCP_CA_LOSS)
+		return CCSCOPE_RETRANS_RTO;
+	if (state == TCP_CA_RECOVERY)
+		return CCSCOPE_RETRANS_FAST;
+	if (bpf_core_field_exists(tp->inet_conn.icsk_pending) &&
+	    BPF_CORE_READ(tp, inet_conn.icsk_pending) == ICSK_TIME_LOSS_PROBE)
+		return CCSCOPE_RETRANS_TLP;
+	return CCSCOPE_RETRANS_OTHER;
+}
+
+static __always_inline void add_cause(__u64 cookie, __u32 cause, __u32 segments)
+{
+	struct retrans_causes *causes = bpf_map_lookup_elem(&retrans_causes, &cookie), fresh = {};
+
+	if (!causes) {
+		bpf_map_update_elem(&retrans_causes, &cookie, &fresh, BPF_NOEXIST);
+		causes = bpf_map_lookup_elem(&retrans_causes, &cookie);
+		if (!causes)
+			return;
+	}
+	if (cause < CCSCOPE_RETRANS_CAUSES)
+		__sync_fetch_and_add(&causes->segments[cause], segments);
+}
+
+/* `closing`: counted at TCP_CLOSE, where the socket's state says nothing of why (the cause is "other"). */
+static __always_inline void add_retransmits(struct sock *sk, struct tcp_sock *tp, __u32 slot, __u64 cookie,
+					    int closing)
 {
 	__u32 total = tp->total_retrans, segments, *counted = retrans_mark(sk, total);
 	char ca_name[CCSCOPE_CA_NAME_LEN] = {};
@@ -599,6 +647,7 @@ static __always_inline void add_retransmits(struct sock *sk, struct tcp_sock *tp
 	*counted = total;
 	if (!segments)
 		return;
+	add_cause(cookie, closing ? CCSCOPE_RETRANS_OTHER : retransmit_cause(tp), segments);
 	read_ca_name(tp, ca_name);
 	stats = cc_stats_for(ca_name);
 	if (stats)
@@ -622,7 +671,8 @@ int BPF_PROG(tcp_retransmit_skb, const struct sock *sk, const struct sk_buff *sk
 	if (f)
 		__sync_fetch_and_add(&f->retransmit_events, 1);
 	if (tp)
-		add_retransmits((struct sock *)sk, tp, f ? f->cgroup_slot : cgroup_slot(socket_cgroup_id(sk), 0));
+		add_retransmits((struct sock *)sk, tp, f ? f->cgroup_slot : cgroup_slot(socket_cgroup_id(sk), 0), cookie,
+				0);
 	return 0;
 }
 
@@ -677,7 +727,7 @@ int BPF_PROG(inet_sock_set_state, const struct sock *sk, const int oldstate, con
 	tp = bpf_skc_to_tcp_sock((void *)sk);
 	if (tp) {
 		refresh(f, (struct sock *)sk, tp, now);
-		add_retransmits((struct sock *)sk, tp, f->cgroup_slot); /* any a missed tcp_retransmit_skb left */
+		add_retransmits((struct sock *)sk, tp, f->cgroup_slot, cookie, 1); /* any a missed hit left */
 	}
 	f->sk_state = TCP_CLOSE;
 	f->closed_ns = now;

@@ -25,6 +25,19 @@ enum ccscope_event {
 	CCSCOPE_EV_CLOSE = 3,      /* sock:inet_sock_set_state -> TCP_CLOSE */
 };
 
+/*
+ * Why a segment was retransmitted, from the socket's state as tcp_retransmit_skb fires (retransmit_cause()):
+ * RTO (the Loss state: the timer's retransmit and the slow start after it), fast retransmit (Recovery), a
+ * tail-loss probe (the write timer's event is the loss probe), and anything else.
+ */
+enum ccscope_retrans_cause {
+	CCSCOPE_RETRANS_RTO = 0,
+	CCSCOPE_RETRANS_FAST = 1,
+	CCSCOPE_RETRANS_TLP = 2,
+	CCSCOPE_RETRANS_OTHER = 3,
+	CCSCOPE_RETRANS_CAUSES = 4,
+};
+
 /* Histograms kept per congestion algorithm, observed once per sample interval per flow. */
 enum ccscope_hist_kind {
 	CCSCOPE_HIST_SRTT = 0,
@@ -87,6 +100,11 @@ struct flow {
 	__u32 tgid;            /* process that connected, or listened for an accepted flow; 0 if unknown */
 	__u32 cgroup_slot;     /* its cgroup's slot in cgroup_stats (with config.cgroup_stats) */
 	char comm[CCSCOPE_COMM_LEN]; /* that process's name at connect/listen time */
+};
+
+/* Retransmitted segments of one flow by cause, keyed by socket cookie in the `retrans_causes` map. */
+struct retrans_causes {
+	__u32 segments[CCSCOPE_RETRANS_CAUSES]; /* indexed by enum ccscope_retrans_cause */
 };
 
 /* Who opened a socket, recorded in process context at connect (by cookie) and at listen (by netns+port). */

@@ -144,6 +144,7 @@ struct inet_connection_sock {
 	__u8 icsk_ca_initialized: 1;
 	__u8 icsk_ca_setsockopt: 1;
 	__u8 icsk_ca_dst_locked: 1;
+	__u8 icsk_pending;	/* the write timer's event: ICSK_TIME_LOSS_PROBE while a tail-loss probe is sent */
 	__u64 icsk_ca_priv[13];
 };
 

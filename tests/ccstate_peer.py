@@ -6,6 +6,7 @@
         prints "ready". The answer reaches a after the ACK of the round's last byte (the 60 ms outlast a delayed
         ACK), so the state the kernel side copied on it is the state after every ACK: `ss` reads the same.
     python tests/ccstate_peer.py bulk ADDR PORT CC SECONDS   a: prints its cookie, sends for SECONDS
+    python tests/ccstate_peer.py messages ADDR PORT CC SECONDS   a: as bulk, a 10 kB message (7 segments) per 50 ms
 """
 
 from __future__ import annotations
@@ -65,6 +66,15 @@ def bulk(addr: str, port: int, cc: str, seconds: float) -> None:
     sock.close()
 
 
+def messages(addr: str, port: int, cc: str, seconds: float) -> None:
+    sock = connect(addr, port, cc)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        sock.sendall(b"m" * 10_000)
+        time.sleep(0.05)
+    sock.close()
+
+
 if __name__ == "__main__":
     mode, *rest = sys.argv[1:]
     if mode == "serve":
@@ -72,4 +82,4 @@ if __name__ == "__main__":
     elif mode == "rounds":
         rounds(rest[0], int(rest[1]), rest[2], int(rest[3]))
     else:
-        bulk(rest[0], int(rest[1]), rest[2], float(rest[3]))
+        {"bulk": bulk, "messages": messages}[mode](rest[0], int(rest[1]), rest[2], float(rest[3]))

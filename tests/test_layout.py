@@ -98,11 +98,13 @@ def test_constants_and_enums_match_header() -> None:
     assert int(defines["CCSCOPE_COMM_LEN"]) == bt.COMM_LEN
     assert int(defines["CCSCOPE_CGROUP_OTHER"]) == bt.CGROUP_OTHER
     enums = {k: int(v) for k, v in re.findall(r"^\s*(CCSCOPE_\w+) = (\d+),", header, re.M)}
-    for prefix, enum in (("CCSCOPE_EV_", bt.Event), ("CCSCOPE_HIST_", bt.HistKind), ("CCSCOPE_CNT_", bt.Counter)):
+    for prefix, enum in (("CCSCOPE_EV_", bt.Event), ("CCSCOPE_HIST_", bt.HistKind), ("CCSCOPE_CNT_", bt.Counter),
+                         ("CCSCOPE_RETRANS_", bt.RetransCause)):
         declared = {k.removeprefix(prefix): v for k, v in enums.items()
-                    if k.startswith(prefix) and k != "CCSCOPE_CNT_MAX"}
+                    if k.startswith(prefix) and k not in ("CCSCOPE_CNT_MAX", "CCSCOPE_RETRANS_CAUSES")}
         assert declared == {m.name: m.value for m in enum}, prefix
     assert enums["CCSCOPE_CNT_MAX"] == bt.COUNTER_SLOTS
+    assert enums["CCSCOPE_RETRANS_CAUSES"] == bt.RETRANS_CAUSES
 
 
 def _object_maps() -> dict[str, tuple[int, int]]:

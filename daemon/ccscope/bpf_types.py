@@ -41,6 +41,18 @@ class Counter(enum.IntEnum):
 COUNTER_SLOTS = 8
 
 
+class RetransCause(enum.IntEnum):
+    """enum ccscope_retrans_cause: why a segment was retransmitted (bpf/ccscope.bpf.c, retransmit_cause())."""
+
+    RTO = 0
+    FAST = 1
+    TLP = 2
+    OTHER = 3
+
+
+RETRANS_CAUSES = 4
+
+
 class Flow(ctypes.Structure):
     _fields_ = [
         ("cookie", u64),
@@ -101,6 +113,10 @@ class CcStats(ctypes.Structure):
     _fields_ = [("flows", u64), ("retransmits", u64)]
 
 
+class RetransCauses(ctypes.Structure):
+    _fields_ = [("segments", u32 * RETRANS_CAUSES)]
+
+
 class HistKey(ctypes.Structure):
     _fields_ = [("name", ctypes.c_char * CA_NAME_LEN), ("kind", u32), ("__pad0", u32)]
 
@@ -157,6 +173,7 @@ MAP_LAYOUTS: dict[str, tuple[type, type]] = {
     "cgroup_slots": (u64, u32),          # cgroup id -> slot
     "owners": (u64, Owner),
     "listeners": (ListenerKey, Owner),
+    "retrans_causes": (u64, RetransCauses),
 }
 # Not read by key here: samples is a ring buffer of Flow records, first_seen and retrans_counted socket-local
 # storage, free_slots a queue of cgroup_stats slots.
@@ -167,6 +184,7 @@ SHARED_STRUCTS: dict[str, type[ctypes.Structure]] = {
     "flow": Flow,
     "cc_key": CcKey,
     "cc_stats": CcStats,
+    "retrans_causes": RetransCauses,
     "hist_key": HistKey,
     "hist": Hist,
     "owner": Owner,

@@ -95,6 +95,10 @@ def group_histogram_buckets(slots: list[int]) -> list[tuple[str, float]]:
     buckets.append(("+Inf", sum(slots)))
     return buckets
 
+RETRANSMIT_CAUSES = ("ccscope_flow_retransmits_by_cause",
+                     "Retransmitted segments by cause: rto (timeout, and the slow start after it), fast (fast "
+                     "retransmit and recovery), tlp (tail-loss probe), other.", "counter")
+
 
 class FlowCollector(Collector):
     """Collect-on-scrape view of the kernel maps."""
@@ -174,8 +178,18 @@ class FlowCollector(Collector):
                 if value is not None:
                     family.add_metric(values, value)
             yield family
+        yield self._cause_metric(flows, labels)
         if self.states is not None:
             yield from self._state_metrics(flows, labels)
+
+    def _cause_metric(self, flows: list[FlowRecord], labels: list[list[str]]) -> Metric:
+        """Retransmitted segments by cause, for the flows that retransmitted (the kernel's own map)."""
+        family = _family(*RETRANSMIT_CAUSES, (*self.flow_label_names, "cause"))
+        found = self.table.probe.retransmit_causes([f.cookie for f in flows])
+        for flow, values in zip(flows, labels, strict=True):
+            for cause, segments in found.get(flow.cookie, {}).items():
+                family.add_metric([*values, cause.name.lower()], segments)
+        return family
 
     def _state_metrics(self, flows: list[FlowRecord], labels: list[list[str]]) -> Iterator[Metric]:
         """Each algorithm's own series (ccstate), for the flows that have its state: absent for the others."""

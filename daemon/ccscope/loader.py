@@ -8,7 +8,7 @@ import errno
 import itertools
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -190,7 +190,7 @@ class TelemetryProbe:
         else:
             raise failure
         for name in ("flows", "samples", "cc_stats", "hists", "counters", "config", "cgroup_stats", "cgroup_slots",
-                     "free_slots"):
+                     "free_slots", "retrans_causes"):
             self._maps[name] = lib.bpf_map__fd(lib.bpf_object__find_map_by_name(self._obj, name.encode()))
         for slot in range(1, self.options.max_cgroups + 1):
             self._free_slot(slot)
@@ -258,6 +258,7 @@ class TelemetryProbe:
     def _size_maps(self) -> None:
         lib = self.libbpf.lib
         sizes = {"flows": self.options.max_flows, "owners": self.options.max_flows,
+                 "retrans_causes": self.options.max_flows,
                  "samples": _ringbuf_size(self.options.ringbuf_bytes),
                  "cgroup_stats": self.options.max_cgroups + 1, "cgroup_slots": self.options.max_cgroups,
                  "free_slots": self.options.max_cgroups}
@@ -340,6 +341,17 @@ class TelemetryProbe:
     def delete_flow(self, cookie: int) -> None:
         key = ctypes.c_uint64(cookie)
         self.libbpf.lib.bpf_map_delete_elem(self._maps["flows"], ctypes.byref(key))
+        self.libbpf.lib.bpf_map_delete_elem(self._maps["retrans_causes"], ctypes.byref(key))
+
+    def retransmit_causes(self, cookies: Iterable[int]) -> dict[int, dict[bt.RetransCause, int]]:
+        """Each of these flows' retransmitted segments by cause, for the flows that retransmitted."""
+        lib, fd, found = self.libbpf.lib, self._maps["retrans_causes"], {}
+        key, value = ctypes.c_uint64(), bt.RetransCauses()
+        for cookie in cookies:
+            key.value = cookie
+            if lib.bpf_map_lookup_elem(fd, ctypes.byref(key), ctypes.byref(value)) == 0:
+                found[cookie] = {cause: value.segments[cause] for cause in bt.RetransCause}
+        return found
 
     def cc_stats(self) -> dict[str, bt.CcStats]:
         return {

@@ -87,6 +87,8 @@ INSTRUMENTS: tuple[Instrument, ...] = (
          "ccscope_tcp_flows_started"),
     _one("ccscope.tcp.retransmits", "{segment}", "counter",
          "Retransmitted segments on all flows of the host, by algorithm.", "ccscope_tcp_retransmits"),
+    _one("ccscope.tcp.flow.retransmits_by_cause", "{segment}", "counter",
+         "Retransmitted segments of a flow by cause (ccscope.retransmit.cause).", "ccscope_flow_retransmits_by_cause"),
     # each algorithm's own state: named once, in its decoder (ccstate/)
     *(_one(m.otlp, m.unit, m.kind, m.help, m.name) for m in ALL_METRICS),
 )
@@ -99,6 +101,7 @@ ATTRIBUTES = {
     "netns": "ccscope.netns", "flow": "ccscope.flow",
     "scenario": "ccscope.scenario", "profile": "ccscope.scenario.profile",
     "algorithm": "ccscope.scenario.algorithm", "run": "ccscope.scenario.run",
+    "cause": "ccscope.retransmit.cause",
     "comm": "process.executable.name", "cgroup": "ccscope.cgroup", "container": "container.id",
     "pod": "k8s.pod.name", "namespace": "k8s.namespace.name", "pod_uid": "k8s.pod.uid",
 }
