@@ -631,7 +631,10 @@ static __always_inline void add_cause(__u64 cookie, __u32 cause, __u32 segments)
 		__sync_fetch_and_add(&causes->segments[cause], segments);
 }
 
-/* `closing`: counted at TCP_CLOSE, where the socket's state says nothing of why (the cause is "other"). */
+/*
+ * `cookie`: the tracked flow whose causes to count (0: a socket tcp_probe has not met, whose entry nothing
+ * would ever read or delete); `closing`: counted at TCP_CLOSE, where the state says nothing of why ("other").
+ */
 static __always_inline void add_retransmits(struct sock *sk, struct tcp_sock *tp, __u32 slot, __u64 cookie,
 					    int closing)
 {
@@ -647,7 +650,8 @@ static __always_inline void add_retransmits(struct sock *sk, struct tcp_sock *tp
 	*counted = total;
 	if (!segments)
 		return;
-	add_cause(cookie, closing ? CCSCOPE_RETRANS_OTHER : retransmit_cause(tp), segments);
+	if (cookie)
+		add_cause(cookie, closing ? CCSCOPE_RETRANS_OTHER : retransmit_cause(tp), segments);
 	read_ca_name(tp, ca_name);
 	stats = cc_stats_for(ca_name);
 	if (stats)
@@ -671,8 +675,8 @@ int BPF_PROG(tcp_retransmit_skb, const struct sock *sk, const struct sk_buff *sk
 	if (f)
 		__sync_fetch_and_add(&f->retransmit_events, 1);
 	if (tp)
-		add_retransmits((struct sock *)sk, tp, f ? f->cgroup_slot : cgroup_slot(socket_cgroup_id(sk), 0), cookie,
-				0);
+		add_retransmits((struct sock *)sk, tp, f ? f->cgroup_slot : cgroup_slot(socket_cgroup_id(sk), 0),
+				f ? cookie : 0, 0);
 	return 0;
 }
 

@@ -9,7 +9,7 @@
  *
  * Between copies, each segment costs a per-CPU array access, a compare of the socket's congestion ops and of
  * its state's key (BBR's mode; CUBIC's W_max and whether an epoch runs): a change of either is copied on the segment after it,
- * so a 200 ms PROBE_RTT or a loss's end of CUBIC's epoch is never lost between two periodic copies.
+ * so a 200 ms PROBE_RTT or a loss's new W_max is never lost between two periodic copies.
  */
 #include <linux/types.h>
 #include <linux/bpf.h>
@@ -111,28 +111,43 @@ static __always_inline void copy_bbr(struct bbr_state *out, struct tcp_sock *tp,
 			out->probe_rtt_entries += 1;
 	}
 	out->mode = mode;
-	out->lt_use_bw = BPF_CORE_READ_BITFIELD(b, lt_use_bw);
-	out->bw = out->lt_use_bw ? b->lt_bw : b->bw.s[0].v;
 	out->min_rtt_us = b->min_rtt_us;
 	out->mss = tp->mss_cache;
-	out->pacing_gain = BPF_CORE_READ_BITFIELD(b, pacing_gain);
-	out->cwnd_gain = BPF_CORE_READ_BITFIELD(b, cwnd_gain);
-	out->cycle_idx = BPF_CORE_READ_BITFIELD(b, cycle_idx);
-	out->full_bw_reached = BPF_CORE_READ_BITFIELD(b, full_bw_reached);
+	out->bw = b->bw.s[0].v;
+	/* the rest is tcp_bbr.c's since 4.9 or 4.10; a BBR without one of them still gives what it has */
+	if (bpf_core_field_exists(b->lt_use_bw) && bpf_core_field_exists(b->lt_bw)) {
+		out->lt_use_bw = BPF_CORE_READ_BITFIELD(b, lt_use_bw);
+		if (out->lt_use_bw)
+			out->bw = b->lt_bw;
+	}
+	if (bpf_core_field_exists(b->pacing_gain))
+		out->pacing_gain = BPF_CORE_READ_BITFIELD(b, pacing_gain);
+	if (bpf_core_field_exists(b->cwnd_gain))
+		out->cwnd_gain = BPF_CORE_READ_BITFIELD(b, cwnd_gain);
+	if (bpf_core_field_exists(b->cycle_idx))
+		out->cycle_idx = BPF_CORE_READ_BITFIELD(b, cycle_idx);
+	if (bpf_core_field_exists(b->full_bw_reached))
+		out->full_bw_reached = BPF_CORE_READ_BITFIELD(b, full_bw_reached);
 }
 
+/*
+ * W_max is set at every loss (cubictcp_recalc_ssthresh()), which also ends the epoch; an RTO then zeroes it
+ * again (bictcp_reset() on entering Loss). One update is counted per copy that sees either change: a loss in
+ * slow start ends no epoch but sets W_max, and a loss in congestion avoidance may set the W_max it had.
+ */
 static __always_inline void copy_cubic(struct cubic_state *out, struct tcp_sock *tp, int counted)
 {
 	struct bictcp *c = (void *)tp->inet_conn.icsk_ca_priv;
-	__u32 epoch_start;
+	__u32 epoch_start, wmax;
 
 	if (!bpf_core_type_exists(struct bictcp))
 		return;
 	epoch_start = c->epoch_start;
-	if (counted && !epoch_start && out->epoch_start)
-		out->epochs_ended += 1;
+	wmax = c->last_max_cwnd;
+	if (counted && (wmax != out->last_max_cwnd || (!epoch_start && out->epoch_start)))
+		out->wmax_updates += 1;
 	out->epoch_start = epoch_start;
-	out->last_max_cwnd = c->last_max_cwnd;
+	out->last_max_cwnd = wmax;
 	out->bic_K = c->bic_K;
 	out->bic_origin_point = c->bic_origin_point;
 	out->tcp_cwnd = c->tcp_cwnd;

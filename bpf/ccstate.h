@@ -36,11 +36,11 @@ struct cubic_state {
 	__u32 bic_origin_point;
 	__u32 epoch_start;     /* jiffies; 0 until the first ACK after a loss or idle */
 	__u32 tcp_cwnd;        /* the Reno-friendly estimate */
-	__u32 delay_min;       /* us << 3 (HyStart's min RTT) */
+	__u32 delay_min;       /* HyStart's min RTT: us (us << 3 before Linux 5.7) */
 	__u32 snd_cwnd;        /* the socket's, at the same moment */
 	__u32 snd_ssthresh;
-	__u32 epochs_ended;    /* epoch_start reset to 0: each loss (W_max set), and each restart after idle */
-	__u8 found;            /* HyStart's exit: 0 none, 1 ACK train, 2 delay */
+	__u32 wmax_updates;    /* each loss (W_max set, the epoch ended) and each RTO (W_max reset to 0) */
+	__u8 found;            /* HyStart ended slow start (1; before Linux 5.7, 2 for its delay signal) */
 	__u8 __pad0[3];
 };
 

@@ -407,9 +407,11 @@ def test_path_failing_mid_run_and_ctrl_c(net, tmp_path):
             time.sleep(0.05)
         time.sleep(0.5)
         sh("ip", "link", "set", "dev", "tolap", "down", ns=router)
-        for line in proc.stderr:  # the second run's idle ping: bring the path back
+        # The first run over (failed): bring the path back before the second run's idle ping. Waiting for that
+        # ping's own note instead raced it: its 5 pings (about 2 s) once all went out before the link was up.
+        for line in proc.stderr:
             err_lines.append(line)
-            if line.count("idle RTT to") and len([x for x in err_lines if "idle RTT to" in x]) == 2:
+            if line.startswith("[1/") and ": done in" in line:
                 break
     finally:
         sh("ip", "link", "set", "dev", "tolap", "up", ns=router)

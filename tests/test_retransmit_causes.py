@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from ccscope.bpf_types import RetransCause
 from ccscope.loader import ProbeOptions, TelemetryProbe
-from ccscope_testkit.net import Link
+from ccscope_testkit.net import Link, wait_for
 from ccscope_testkit.prereqs import require_bpf_object, require_root, require_tools
 
 PEER = str(Path(__file__).with_name("ccstate_peer.py"))
@@ -46,7 +46,8 @@ def link() -> Iterator[Link]:
 
 
 def _run(link: Link, mode: str, seconds: float, during=None) -> tuple[dict[RetransCause, int], dict[str, int]]:
-    """One flow, alone in its namespace: its causes, and how the namespace's counters moved meanwhile."""
+    """One flow, alone in its namespace: its causes, and how the namespace's counters moved meanwhile, both read
+    once the socket is gone (a closed socket may still retransmit its last data)."""
     server = link.popen(link.b, sys.executable, PEER, "serve", str(PORT), str(1 << 62))
     before = _counters(link)
     try:
@@ -61,13 +62,14 @@ def _run(link: Link, mode: str, seconds: float, during=None) -> tuple[dict[Retra
             finally:
                 client.kill()
                 client.wait()
-            # the last retransmissions are counted by the time the socket closed (TCP_CLOSE counts what is left)
-            time.sleep(0.2)
+            # TIME-WAIT sends nothing; every other state of the closing socket still may
+            assert wait_for(lambda: not link.ns(link.a, "ss", "-tanH", "exclude", "time-wait", "dport", "=",
+                                                f":{PORT}").stdout.strip(), 30), "the sender's socket did not close"
             causes = probe.retransmit_causes([cookie]).get(cookie, dict.fromkeys(RetransCause, 0))
+            after = _counters(link)
     finally:
         server.kill()
         server.wait()
-    after = _counters(link)
     return causes, {name: after[name] - before.get(name, 0) for name in after}
 
 

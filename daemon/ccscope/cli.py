@@ -195,7 +195,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     options = _probe_options(args, emit_samples=False)
     options.cgroup_stats, options.max_cgroups = labels.needs_cgroups, args.max_cgroups
     stop = _stop_event()
-    with TelemetryProbe(options) as probe, _algorithm_state(options) as state_probe:
+    with TelemetryProbe(options) as probe, _algorithm_state(options, probe) as state_probe:
         table = FlowTable(probe, grace_s=grace)
         collector = FlowCollector(table, selection, flow_filter, labels,
                                   attributor if labels.needs_cgroups else None,
@@ -254,10 +254,10 @@ def cmd_daemon(args: argparse.Namespace) -> int:
 
 
 @contextlib.contextmanager
-def _algorithm_state(options: ProbeOptions) -> Iterator[StateProbe | None]:
+def _algorithm_state(options: ProbeOptions, probe: TelemetryProbe) -> Iterator[StateProbe | None]:
     """Each algorithm's own state beside the telemetry, where this kernel loads it; else one warning line and
     flows without it."""
-    state_probe, why = open_optional(options.max_flows, options.sample_interval_ns)
+    state_probe, why = open_optional(options.max_flows, options.sample_interval_ns, probe.libbpf)
     if why:
         print(f"ccscope: warning: no algorithm state (BBR's mode, CUBIC's W_max): {why}", file=sys.stderr,
               flush=True)
@@ -343,7 +343,7 @@ def cmd_flows(args: argparse.Namespace) -> int:
     stop = _stop_event()
     live = sys.stdout.isatty() and not args.once
     options = _probe_options(args, emit_samples=False)
-    with TelemetryProbe(options) as probe, _algorithm_state(options) as state_probe:
+    with TelemetryProbe(options) as probe, _algorithm_state(options, probe) as state_probe:
         table = FlowTable(probe, grace_s=2.0)
         if args.once:
             stop.wait(interval)  # let tcp_probe see the flows first

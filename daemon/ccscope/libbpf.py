@@ -11,6 +11,7 @@ import ctypes
 import ctypes.util
 import errno
 import os
+import weakref
 from collections.abc import Callable
 
 from .errors import BpfError, CcscopeError, PrerequisiteError
@@ -72,15 +73,27 @@ def _signatures(lib: ctypes.CDLL) -> None:
         fn.restype = restype
 
 
+def _route_print(level: int, fmt: bytes, va_list: int) -> int:
+    target = _logging_to() if _logging_to else None
+    return target._on_print(level, fmt, va_list) if target else 0
+
+
+_logging_to: weakref.ref | None = None
+_PRINT_THUNK = _PRINT_FN(_route_print)
+
+
 class Libbpf:
     """Loaded libbpf with its log captured (libbpf prints to stderr by default)."""
 
     def __init__(self) -> None:
+        global _logging_to
         self.lib = self._open()
         _signatures(self.lib)
         self.log: list[str] = []
-        self._print_cb = _PRINT_FN(self._on_print)  # keep a reference: libbpf holds the pointer
-        self.lib.libbpf_set_print(self._print_cb)
+        # libbpf has one print callback per process: the newest instance takes the log. The callback itself is
+        # module-level, so no instance's end can leave libbpf calling a freed ctypes thunk.
+        _logging_to = weakref.ref(self)
+        self.lib.libbpf_set_print(_PRINT_THUNK)
 
     @staticmethod
     def _open() -> ctypes.CDLL:

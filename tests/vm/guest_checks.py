@@ -264,6 +264,45 @@ def check_core(probe: Probe) -> dict:
         drop_netns("klnes", "klnet", "klner")
 
 
+def check_ccstate(probe: Probe) -> dict:
+    """Each algorithm's own state on this kernel: what `ccscope check` says of it (before anything loads
+    tcp_bbr), and a lossy CUBIC flow's state (W_max, K, ssthresh) through the object's other build
+    (bpf_skc_to_tcp_sock: 6.1 lacks bpf_rdonly_cast), read once the flow rests."""
+    from ccscope.ccstate.probe import StateProbe
+    from ccscope.check import check_algorithm_state
+
+    said = check_algorithm_state()
+    out: dict = {"check": [said.status, said.detail], "modules": read("/proc/modules").split("\n")}
+    try:
+        state_probe = StateProbe(interval_ns=1_000_000)
+        state_probe.open()
+    except Exception as err:
+        return {**out, "error": f"{type(err).__name__}: {err}"}
+    try:
+        receiver = routed_path()
+        sh("ip", "netns", "exec", "klnet", "tc", "qdisc", "replace", "dev", "vo", "root", "netem", *CORE_NETEM)
+        flow = BulkFlow("klner", receiver, "klnes", 256 << 10, timeout=120)
+        try:
+            cookie = int.from_bytes(flow.client.getsockopt(socket.SOL_SOCKET, 57, 8), "little")  # SO_COOKIE
+            for _ in range(2):  # a segment after the last ACK: the state the flow rests in is copied on it
+                flow.server.send(b"n")
+                flow.client.recv(1)
+                time.sleep(0.05)
+            raw = state_probe.raw(cookie)
+            timeouts = sh("ip", "netns", "exec", "klnes", "nstat", "-az", "TcpExtTCPTimeouts")
+            cubic = raw.cubic if raw is not None else None
+            return {**out, "ca": flow.ca, "kind": raw.kind if raw is not None else None, "tcp_info": flow.info,
+                    "timeouts": int(timeouts.split()[-2]) if "TcpExtTCPTimeouts" in timeouts else None,
+                    "state": None if cubic is None else {
+                        "wmax": cubic.last_max_cwnd, "bic_K": cubic.bic_K, "epoch_start": cubic.epoch_start,
+                        "snd_ssthresh": cubic.snd_ssthresh, "snd_cwnd": cubic.snd_cwnd}}
+        finally:
+            flow.close()
+    finally:
+        drop_netns("klnes", "klnet", "klner")
+        state_probe.close()
+
+
 def check_attribution(probe: Probe) -> dict:
     """The socket cgroup id (CO-RE through sock_cgroup_data) and the connecting process, on this kernel."""
     if probe.probe is None:
@@ -466,6 +505,7 @@ def check_scenario(probe: Probe) -> dict:
 CHECKS: dict[str, Callable[[Probe], dict]] = {
     "kernel": check_kernel,
     "core": check_core,
+    "ccstate": check_ccstate,
     "attribution": check_attribution,
     "netns_cc": check_netns_cc,
     "fq_bbr": check_fq_bbr,

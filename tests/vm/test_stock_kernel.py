@@ -84,6 +84,25 @@ def test_telemetry_matches_tcp_info_for_a_real_flow(guest: dict) -> None:
     assert info["snd_cwnd"] > info["snd_ssthresh"]
 
 
+def test_cubic_state_through_core_on_6_1(guest: dict) -> None:
+    """Algorithm state on 6.1 (issue 28): the object's helper build loads, `ccscope check` names cubic in
+    vmlinux and says bbr has no type there (Debian builds it as a module, not loaded before fq_bbr runs), and
+    a lossy CUBIC flow's W_max and ssthresh follow β: 0.7, or 0.82 with fast convergence; after an RTO,
+    bictcp_reset() has set W_max to 0, which must read as 0."""
+    state = check(guest, "ccstate")
+    status, detail = state["check"]
+    assert "cubic (vmlinux)" in detail, detail
+    assert status == "warn" and "no state for bbr" in detail and "modprobe tcp_bbr" in detail, detail
+    assert state["ca"] == "cubic" and state["kind"] == 2 and state["state"] is not None, state
+    cubic, info = state["state"], state["tcp_info"]
+    assert cubic["snd_ssthresh"] == info["snd_ssthresh"] and cubic["snd_cwnd"] == info["snd_cwnd"], (cubic, info)
+    if cubic["wmax"]:
+        ratio = cubic["snd_ssthresh"] / cubic["wmax"]
+        assert min(abs(ratio - 717 / 1024), abs(ratio - 1434 / 1741)) <= 1.5 / cubic["wmax"], cubic
+    else:
+        assert state["timeouts"] > 0, state
+
+
 def test_vegas_and_westwood_are_a_namespace_default_once_allowed(guest: dict) -> None:
     cc = check(guest, "netns_cc")
     # A non-init namespace may only choose what the init namespace allows.

@@ -1,6 +1,6 @@
 """CUBIC (tcp_cubic.c): W_max (last_max_cwnd), K, the epoch's start and origin point, the Reno-friendly
-window and which of the two governs growth, HyStart's exit, and how many epochs ended (each loss, each
-restart after idle)."""
+window and which of the two governs growth, whether HyStart ended slow start, and how often W_max was set
+(each loss, and each RTO, which resets it to 0)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from .record import CubicStateC, StateMetric
 
 BICTCP_HZ = 10              # bic_K counts 1 / 2^BICTCP_HZ s
-HYSTART_EXITS = ("none", "ack_train", "delay")  # `found`: 0, HYSTART_ACK_TRAIN 1, HYSTART_DELAY 2
 
 
 @dataclass(frozen=True)
@@ -21,8 +20,8 @@ class CubicState:
     reno_segments: int          # tcp_cwnd, the Reno-friendly estimate
     cwnd_segments: int
     ssthresh_segments: int
-    hystart_exit: str
-    epochs_ended: int
+    hystart_done: bool          # HyStart ended slow start (`found`: which signal, only before Linux 5.7)
+    wmax_updates: int
 
     @property
     def reno_governs(self) -> bool:
@@ -38,7 +37,7 @@ class CubicState:
         return {"algorithm": "cubic", "wmax_segments": self.wmax_segments, "k_s": self.k_s,
                 "origin_segments": self.origin_segments, "in_epoch": self.in_epoch,
                 "reno_segments": self.reno_segments, "reno_governs": self.reno_governs,
-                "hystart_exit": self.hystart_exit, "epochs_ended": self.epochs_ended}
+                "hystart_done": self.hystart_done, "wmax_updates": self.wmax_updates}
 
 
 def decode(raw: CubicStateC) -> CubicState:
@@ -50,8 +49,8 @@ def decode(raw: CubicStateC) -> CubicState:
         reno_segments=raw.tcp_cwnd,
         cwnd_segments=raw.snd_cwnd,
         ssthresh_segments=raw.snd_ssthresh,
-        hystart_exit=HYSTART_EXITS[raw.found] if raw.found < len(HYSTART_EXITS) else str(raw.found),
-        epochs_ended=raw.epochs_ended,
+        hystart_done=raw.found != 0,
+        wmax_updates=raw.wmax_updates,
     )
 
 
@@ -68,7 +67,7 @@ METRICS = (
     StateMetric("ccscope_flow_cubic_reno_governs", "1 while the Reno-friendly estimate sets CUBIC's growth.",
                 "gauge", "ccscope.tcp.cubic.reno_governs", "1",
                 lambda s: int(s.reno_governs) if s.in_epoch else None),
-    StateMetric("ccscope_flow_cubic_epochs_ended", "CUBIC epochs ended: each loss (W_max set) and each restart "
-                "after idle, each one seen.", "counter", "ccscope.tcp.cubic.epochs_ended", "1",
-                lambda s: s.epochs_ended),
+    StateMetric("ccscope_flow_cubic_wmax_updates", "Times CUBIC set W_max: each loss, and each RTO (which resets "
+                "it to 0), each one seen.", "counter", "ccscope.tcp.cubic.wmax_updates", "1",
+                lambda s: s.wmax_updates),
 )

@@ -29,10 +29,11 @@ def object_path() -> Path:
 class StateProbe:
     """The loaded and attached state reader. A context manager: the link detaches on exit."""
 
-    def __init__(self, max_flows: int = 16384, interval_ns: int = 10_000_000) -> None:
+    def __init__(self, max_flows: int = 16384, interval_ns: int = 10_000_000, libbpf: Libbpf | None = None) -> None:
+        """`libbpf`: the telemetry probe's, where there is one (libbpf logs to one instance per process)."""
         self.max_flows = max_flows
         self.interval_ns = interval_ns
-        self.libbpf: Libbpf | None = None
+        self.libbpf: Libbpf | None = libbpf
         self._obj: int | None = None
         self._link: int | None = None
         self._fd = -1
@@ -51,7 +52,7 @@ class StateProbe:
     def open(self) -> None:
         if not object_path().is_file():
             raise PrerequisiteError(f"BPF object missing at {object_path()}", REBUILD)
-        self.libbpf = Libbpf()
+        self.libbpf = self.libbpf or Libbpf()
         lib = self.libbpf.lib
         opts = open_options()
         self._obj = self.libbpf.check_ptr(lib.bpf_object__open_file(str(object_path()).encode(), ctypes.byref(opts)),
@@ -63,9 +64,12 @@ class StateProbe:
                 raise BpfError(f"map {name} in {object_path()} is not the one this ccscope reads", REBUILD)
         states = lib.bpf_object__find_map_by_name(self._obj, b"ccstates")
         self.libbpf.check_int(lib.bpf_map__set_max_entries(states, self.max_flows), "cannot size map ccstates")
+        programs = {name: lib.bpf_object__find_program_by_name(self._obj, name.encode()) for name in BUILDS}
+        if not all(programs.values()):
+            raise BpfError(f"BPF object {object_path()} lacks the programs {', '.join(BUILDS)}", REBUILD)
         build = next(name for name, needs in BUILDS.items() if needs is None or kernel_has_function(self.libbpf, needs))
-        for name in BUILDS:
-            lib.bpf_program__set_autoload(lib.bpf_object__find_program_by_name(self._obj, name.encode()), name == build)
+        for name, program in programs.items():
+            lib.bpf_program__set_autoload(program, name == build)
         self.libbpf.log.clear()
         if lib.bpf_object__load(self._obj) != 0:
             raise self.libbpf.error("kernel rejected the algorithm-state program",
@@ -76,7 +80,7 @@ class StateProbe:
         self.libbpf.check_int(lib.bpf_map_update_elem(
             lib.bpf_map__fd(lib.bpf_object__find_map_by_name(self._obj, b"ccstate_config")), ctypes.byref(key),
             ctypes.byref(config), 0), "configure the algorithm-state program")
-        link = lib.bpf_program__attach(lib.bpf_object__find_program_by_name(self._obj, build.encode()))
+        link = lib.bpf_program__attach(programs[build])
         if not link:
             raise self.libbpf.error("cannot attach the algorithm-state program to tcp:tcp_probe")
         self._link = link
@@ -114,9 +118,10 @@ class StateProbe:
         self._fd = -1
 
 
-def open_optional(max_flows: int, interval_ns: int) -> tuple[StateProbe | None, str | None]:
+def open_optional(max_flows: int, interval_ns: int, libbpf: Libbpf | None = None
+                  ) -> tuple[StateProbe | None, str | None]:
     """The state probe, or None and the one-line reason it is not there."""
-    probe = StateProbe(max_flows, interval_ns)
+    probe = StateProbe(max_flows, interval_ns, libbpf)
     try:
         probe.open()
     except (BpfError, PrerequisiteError) as error:

@@ -44,7 +44,7 @@ class CubicStateC(ctypes.Structure):
         ("delay_min", u32),
         ("snd_cwnd", u32),
         ("snd_ssthresh", u32),
-        ("epochs_ended", u32),
+        ("wmax_updates", u32),
         ("found", u8),
         ("__pad0", u8 * 3),
     ]
