@@ -291,13 +291,30 @@ def check_ccstate(probe: Probe) -> dict:
             raw = state_probe.raw(cookie)
             timeouts = sh("ip", "netns", "exec", "klnes", "nstat", "-az", "TcpExtTCPTimeouts")
             cubic = raw.cubic if raw is not None else None
-            return {**out, "ca": flow.ca, "kind": raw.kind if raw is not None else None, "tcp_info": flow.info,
-                    "timeouts": int(timeouts.split()[-2]) if "TcpExtTCPTimeouts" in timeouts else None,
-                    "state": None if cubic is None else {
-                        "wmax": cubic.last_max_cwnd, "bic_K": cubic.bic_K, "epoch_start": cubic.epoch_start,
-                        "snd_ssthresh": cubic.snd_ssthresh, "snd_cwnd": cubic.snd_cwnd}}
+            out.update({"ca": flow.ca, "kind": raw.kind if raw is not None else None, "tcp_info": flow.info,
+                        "timeouts": int(timeouts.split()[-2]) if "TcpExtTCPTimeouts" in timeouts else None,
+                        "state": None if cubic is None else {
+                            "wmax": cubic.last_max_cwnd, "bic_K": cubic.bic_K, "epoch_start": cubic.epoch_start,
+                            "snd_ssthresh": cubic.snd_ssthresh, "snd_cwnd": cubic.snd_cwnd}})
         finally:
             flow.close()
+        # a BBR flow on the same path, where tcp_bbr's module BTF is there: its state through that BTF
+        if "tcp_bbr" in read("/proc/modules"):
+            set_cc("klnes", "bbr")
+            flow = BulkFlow("klner", receiver, "klnes", 128 << 10, timeout=120)
+            try:
+                cookie = int.from_bytes(flow.client.getsockopt(socket.SOL_SOCKET, 57, 8), "little")
+                flow.server.send(b"n")
+                flow.client.recv(1)
+                time.sleep(0.05)
+                from ccscope.ccstate.decoders import decode
+
+                raw = state_probe.raw(cookie)
+                state = decode(raw) if raw is not None else None
+                out["bbr"] = {"ca": flow.ca, "state": state.as_dict() if state else None}
+            finally:
+                flow.close()
+        return out
     finally:
         drop_netns("klnes", "klnet", "klner")
         state_probe.close()
