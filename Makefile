@@ -35,11 +35,11 @@ setup-dev:
 	tools/bootstrap --dev
 bpf: $(BPF_OBJ) $(STATE_OBJ) $(CC_OBJS)
 
-$(BPF_OBJ): bpf/ccscope.bpf.c bpf/ccscope.h bpf/core_min.h
+$(BPF_OBJ): bpf/ccscope.bpf.c bpf/ccscope.h bpf/core_min.h bpf/tcp_probe_builds.h
 	@mkdir -p $(dir $@)
 	$(CLANG) $(BPF_CFLAGS) -c $< -o $@
 
-$(STATE_OBJ): bpf/ccstate.bpf.c bpf/ccstate.h bpf/core_cc.h bpf/core_min.h
+$(STATE_OBJ): bpf/ccstate.bpf.c bpf/ccstate.h bpf/core_cc.h bpf/core_min.h bpf/tcp_probe_builds.h
 	@mkdir -p $(dir $@)
 	$(CLANG) $(BPF_CFLAGS) -c $< -o $@
 

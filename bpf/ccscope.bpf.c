@@ -23,6 +23,7 @@
 #include <bpf/bpf_endian.h>
 #include "core_min.h"
 #include "ccscope.h"
+#include "tcp_probe_builds.h"
 
 #define AF_INET 2
 #define AF_INET6 10
@@ -480,18 +481,6 @@ static __noinline struct flow *create_flow(struct sock *sk, struct tcp_sock *tp,
 }
 
 /*
- * The socket's cookie as bpf_get_socket_cookie() gives it, without the
- * helper call on the hot path once the cookie exists (it is assigned on
- * first use and never changes).
- */
-static __always_inline __u64 socket_cookie(struct sock *sk)
-{
-	__u64 cookie = sk->__sk_common.skc_cookie.counter;
-
-	return cookie ? cookie : bpf_get_socket_cookie(sk);
-}
-
-/*
  * The rest of tcp_probe, once the gate lets an event through: a sample may be due. Not inlined: between samples
  * tcp_probe then keeps a small stack frame and few registers (inlined, all of this made it save four
  * callee-saved registers and move its stack to the per-CPU private one on every event).
@@ -562,28 +551,8 @@ static __always_inline int probe(struct sock *sk, struct tcp_sock *tp)
 	return sample(sk, tp, cookie, gate);
 }
 
-/*
- * bpf_rdonly_cast (Linux >= 6.2) gives the verifier `sk` as a tcp_sock to read; it rewrites the call into a
- * register move, so nothing is called. The helper bpf_skc_to_tcp_sock is a real call, and on a kernel with
- * return-thunk mitigations (SRSO "Safe RET") a call and its return are among the most expensive things
- * tcp_probe does between samples. Declared __weak: libbpf leaves an extern this kernel lacks unresolved
- * instead of failing the whole object. A 6.1 verifier still rejects the unresolved call, even where it can
- * never run, hence two programs: the loader loads tcp_probe where vmlinux BTF has bpf_rdonly_cast, and
- * tcp_probe_skc, the same code through the helper, elsewhere.
- */
-extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym __weak;
-
-SEC("tp_btf/tcp_probe")
-int BPF_PROG(tcp_probe, struct sock *sk, const struct sk_buff *skb)
-{
-	return probe(sk, bpf_rdonly_cast(sk, bpf_core_type_id_kernel(struct tcp_sock)));
-}
-
-SEC("tp_btf/tcp_probe")
-int BPF_PROG(tcp_probe_skc, struct sock *sk, const struct sk_buff *skb)
-{
-	return probe(sk, bpf_skc_to_tcp_sock(sk));
-}
+/* tcp_probe and tcp_probe_skc (tcp_probe_builds.h): the loader loads the first this kernel takes. */
+TCP_PROBE_BUILDS(tcp_probe, probe)
 
 /*
  * Retransmitted segments as the kernel counts them (tp->total_retrans, tcpi_total_retrans): what the socket added

@@ -19,6 +19,7 @@
 #include "core_min.h"
 #include "core_cc.h"
 #include "ccstate.h"
+#include "tcp_probe_builds.h"
 
 #define GATE_SLOTS 1024
 #define BBR_PROBE_RTT 3
@@ -54,15 +55,6 @@ struct {
 	__type(key, __u32);
 	__type(value, struct gate);
 } ccstate_gates SEC(".maps");
-
-extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym __weak;
-
-static __always_inline __u64 socket_cookie(struct sock *sk)
-{
-	__u64 cookie = sk->__sk_common.skc_cookie.counter;
-
-	return cookie ? cookie : bpf_get_socket_cookie(sk);
-}
 
 /*
  * What is copied at once when it changes: the algorithm's one word (BBR's mode, CUBIC's W_max), and whether
@@ -223,15 +215,5 @@ static __always_inline int follow(struct sock *sk, struct tcp_sock *tp)
 	return copy(tp, cookie, ops, gate);
 }
 
-/* Two builds of one program, as ccscope.bpf.c's tcp_probe: the loader takes the first this kernel loads. */
-SEC("tp_btf/tcp_probe")
-int BPF_PROG(ccstate_probe, struct sock *sk, const struct sk_buff *skb)
-{
-	return follow(sk, bpf_rdonly_cast(sk, bpf_core_type_id_kernel(struct tcp_sock)));
-}
-
-SEC("tp_btf/tcp_probe")
-int BPF_PROG(ccstate_probe_skc, struct sock *sk, const struct sk_buff *skb)
-{
-	return follow(sk, bpf_skc_to_tcp_sock(sk));
-}
+/* ccstate_probe and ccstate_probe_skc (tcp_probe_builds.h): the loader takes the first this kernel loads. */
+TCP_PROBE_BUILDS(ccstate_probe, follow)

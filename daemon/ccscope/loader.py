@@ -133,6 +133,20 @@ def open_options() -> OpenOpts:
     return opts
 
 
+def check_map_layouts(libbpf: Libbpf, obj: int, layouts: dict[str, tuple[type, type]], path: Path) -> None:
+    """Refuse an opened object whose maps' key or value sizes differ from their ctypes mirrors."""
+    lib = libbpf.lib
+    for name, (key_type, value_type) in layouts.items():
+        bpf_map = lib.bpf_object__find_map_by_name(obj, name.encode())
+        if not bpf_map:
+            raise BpfError(f"BPF object {path} has no map {name}", REBUILD)
+        found = (lib.bpf_map__key_size(bpf_map), lib.bpf_map__value_size(bpf_map))
+        expected = (ctypes.sizeof(key_type), ctypes.sizeof(value_type))
+        if found != expected:
+            raise BpfError(f"map {name} in {path} has {found[0]}-byte keys and {found[1]}-byte values, "
+                           f"this ccscope reads {expected[0]} and {expected[1]}", REBUILD)
+
+
 @dataclass
 class ProbeOptions:
     max_flows: int = 16384
@@ -243,17 +257,7 @@ class TelemetryProbe:
             lib.bpf_link__destroy(link)
 
     def _check_map_layouts(self) -> None:
-        """Refuse an object whose maps' key or value sizes differ from bpf_types' mirrors."""
-        lib = self.libbpf.lib
-        for name, (key_type, value_type) in bt.MAP_LAYOUTS.items():
-            bpf_map = lib.bpf_object__find_map_by_name(self._obj, name.encode())
-            if not bpf_map:
-                raise BpfError(f"BPF object {object_path()} has no map {name}", REBUILD)
-            found = (lib.bpf_map__key_size(bpf_map), lib.bpf_map__value_size(bpf_map))
-            expected = (ctypes.sizeof(key_type), ctypes.sizeof(value_type))
-            if found != expected:
-                raise BpfError(f"map {name} in {object_path()} has {found[0]}-byte keys and {found[1]}-byte values, "
-                               f"this ccscope reads {expected[0]} and {expected[1]}", REBUILD)
+        check_map_layouts(self.libbpf, self._obj, bt.MAP_LAYOUTS, object_path())
 
     def _size_maps(self) -> None:
         lib = self.libbpf.lib

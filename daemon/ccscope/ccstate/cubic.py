@@ -68,6 +68,6 @@ METRICS = (
                 "gauge", "ccscope.tcp.cubic.reno_governs", "1",
                 lambda s: int(s.reno_governs) if s.in_epoch else None),
     StateMetric("ccscope_flow_cubic_wmax_updates", "Times CUBIC set W_max: each loss, and each RTO (which resets "
-                "it to 0), each one seen.", "counter", "ccscope.tcp.cubic.wmax_updates", "1",
+                "it to 0), as its state shows them.", "counter", "ccscope.tcp.cubic.wmax_updates", "1",
                 lambda s: s.wmax_updates),
 )

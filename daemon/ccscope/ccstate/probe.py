@@ -14,12 +14,11 @@ from pathlib import Path
 
 from ..errors import BpfError, PrerequisiteError
 from ..libbpf import Libbpf
-from ..loader import kernel_has_function, open_options
+from ..loader import REBUILD, check_map_layouts, kernel_has_function, open_options
 from .decoders import AlgorithmState, decode
 from .record import MAP_LAYOUTS, CcState, CcStateConfig, u32, u64
 
 BUILDS = {"ccstate_probe": "bpf_rdonly_cast", "ccstate_probe_skc": None}  # program -> kernel function it needs
-REBUILD = "rebuild the BPF objects with this ccscope: make bpf"
 
 
 def object_path() -> Path:
@@ -57,11 +56,7 @@ class StateProbe:
         opts = open_options()
         self._obj = self.libbpf.check_ptr(lib.bpf_object__open_file(str(object_path()).encode(), ctypes.byref(opts)),
                                           f"cannot open BPF object {object_path()}")
-        for name, (key_type, value_type) in MAP_LAYOUTS.items():
-            bpf_map = lib.bpf_object__find_map_by_name(self._obj, name.encode())
-            found = (lib.bpf_map__key_size(bpf_map), lib.bpf_map__value_size(bpf_map)) if bpf_map else None
-            if found != (ctypes.sizeof(key_type), ctypes.sizeof(value_type)):
-                raise BpfError(f"map {name} in {object_path()} is not the one this ccscope reads", REBUILD)
+        check_map_layouts(self.libbpf, self._obj, MAP_LAYOUTS, object_path())
         states = lib.bpf_object__find_map_by_name(self._obj, b"ccstates")
         self.libbpf.check_int(lib.bpf_map__set_max_entries(states, self.max_flows), "cannot size map ccstates")
         programs = {name: lib.bpf_object__find_program_by_name(self._obj, name.encode()) for name in BUILDS}
