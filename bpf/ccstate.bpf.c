@@ -8,8 +8,8 @@
  * costs the flows their state, never their telemetry.
  *
  * Between copies, each segment costs a per-CPU array access, a compare of the socket's congestion ops and of
- * its state's key (BBR's mode; CUBIC's W_max and whether an epoch runs): a change of either is copied on the segment after it,
- * so a 200 ms PROBE_RTT or a loss's new W_max is never lost between two periodic copies.
+ * its state's key (change_key()): a change of either is copied on the segment after it, so a 200 ms PROBE_RTT
+ * or a loss's new W_max is never lost between two periodic copies.
  */
 #include <linux/types.h>
 #include <linux/bpf.h>
@@ -46,7 +46,7 @@ struct gate {
 	__u64 ops;             /* icsk_ca_ops of the last copy: a change of algorithm classifies again */
 	__u64 next_us;         /* tcp_mstamp before which no periodic copy is due */
 	__u32 kind;
-	__u32 key;             /* BBR's mode or CUBIC's W_max at the last copy */
+	__u32 key;             /* change_key() at the last copy */
 };
 
 struct {
@@ -57,8 +57,8 @@ struct {
 } ccstate_gates SEC(".maps");
 
 /*
- * What is copied at once when it changes: the algorithm's one word (BBR's mode, CUBIC's W_max), and whether
- * everything sent is acknowledged. The latter copies the state a flow comes to rest in: tcp_probe fires before
+ * What is copied at once when it changes: the algorithm's key (BBR's mode; CUBIC's W_max and whether an epoch
+ * runs), and whether everything sent is acknowledged. The latter copies the state a flow comes to rest in: tcp_probe fires before
  * its segment is processed, so a copy shows the state after the segment before, and the periodic copy
  * compares the socket's clock as of that segment; without it, the state after a round's last ACK waited for
  * the next round (`ss` read pacing_gain 1.25 where the copy still said 1).
