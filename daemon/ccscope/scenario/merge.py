@@ -205,7 +205,7 @@ def raw_files(part: Part) -> list[Path]:
 
 
 def _copy(parts: list[Part], out: Path, raw: dict[int, list[Path]]) -> int:
-    """The runs' CSVs and raw tool output into `out`: no two runs share a file name (runner._stem)."""
+    """The runs' CSVs and raw tool output into `out`: no two runs share a file name (lifecycle.stem)."""
     copied = 0
     for part in parts:
         for name in [*_files(part), *raw[part.index]]:

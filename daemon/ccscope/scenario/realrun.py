@@ -13,6 +13,7 @@ series from its kernel when it sends). prepare() checks every real profile befor
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -21,22 +22,22 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ccscope.emulation.testbed import terminate
 from ccscope.errors import PrerequisiteError, UsageError
-from ccscope.flows import FlowFilter
 from ccscope.hosttools import need
 from ccscope.sample import Sample
 from ccscope.serve import protocol
 
-from . import analysis, results
-from .environment import now_iso
+from .document import RunResult
+from .lifecycle import FlowViews, Session
 from .realpath import TOKEN_ENV, RealPath, is_real, rtt_moved
-from .recorder import FlowSeries, write_flow_csv, write_ping_csv
-from .spec import Scenario, mix_label
-from .traffic import BulkFlow, _parse_iperf, bulk_plan, parse_ping, planned_seconds
+from .recorder import FlowSeries
+from .spec import Scenario
+from .traffic import BulkFlow, TrafficResult, _parse_iperf, bulk_plan, parse_ping, planned_seconds
 
 CONNECT_TIMEOUT_S = 3.0
 SLACK_S = 10.0  # connect and iperf3's end-of-test exchange beyond the flow's own duration
@@ -71,6 +72,10 @@ class Context:
     paths: dict[str, Resolved]
     netns: int  # this process's network namespace: the recorder's filter
     first_rtt_ms: dict[str, float] = field(default_factory=dict)
+
+    def path_for(self, profile: str) -> RealRunPath | None:
+        """The run path of a real profile (None: the profile is emulated)."""
+        return RealRunPath(self.paths[profile], self) if profile in self.paths else None
 
 
 # --- before anything runs ---------------------------------------------------------------------------
@@ -187,59 +192,80 @@ def _check_far_end(scenario: Scenario, where: str, path: Resolved) -> None:
 
 
 @dataclass
-class RealTraffic:
-    start_mono: float = 0.0
-    end_mono: float = 0.0
-    bulk: list[BulkFlow] = field(default_factory=list)
-    ping: list[tuple[float, float]] = field(default_factory=list)
-    ping_sent: int = 0
+class RealTraffic(TrafficResult):
     remote: dict[int, protocol.RemoteTelemetry] = field(default_factory=dict)  # flow index -> serve's telemetry
-    errors: list[str] = field(default_factory=list)
     remote_failed: set[int] = field(default_factory=set)  # flows whose telemetry the far end did not give
     credentials: dict[int, protocol.Iperf3Credentials] = field(default_factory=dict)  # flow index -> its iperf3 user
 
 
-def run_unit(scenario: Scenario, unit, position: int, out: Path, recorder, collector, progress,
-             ctx: Context) -> dict:
-    path = ctx.paths[unit.profile]
-    p = path.profile
-    record = results.new_run(unit, position)
-    record.update(netns=ctx.netns, backend="real path", link={})
-    real = record["real"] = {"target": p.target, "address": path.address, "via": p.via, "direction": p.direction,
-                             "far_end": path.far_end, "sender_telemetry": path.sender_telemetry,
-                             "idle_rtt_ms": None, "idle_rtt_samples_ms": [], "rtt_moved": False, "failed": False}
-    progress.note(f"{unit.label}: idle RTT to {p.target}{' via ' + p.via if p.via else ''}")
-    samples = idle_rtt_ms(path)
-    real["idle_rtt_samples_ms"] = samples
-    if not samples:
-        record["errors"].append(f"no ping reply from {p.target} before the run: the path is down; run skipped")
-        real["failed"] = True
-        return record
-    idle = real["idle_rtt_ms"] = round(statistics.median(samples), 3)
-    first = ctx.first_rtt_ms.setdefault(unit.profile, idle)
-    real["idle_rtt_first_ms"] = first
-    if rtt_moved(first, idle):
-        real["rtt_moved"] = True
-        progress.note(f"{unit.label}: idle RTT {idle:.2f} ms moved from the first run's {first:.2f} ms")
-    collector.filter = FlowFilter(netns={ctx.netns})
-    labels = {"scenario": scenario.name, "profile": unit.profile, "algorithm": mix_label(unit.mix),
-              "run": str(unit.repetition)}
-    collector.set_netns_labels({ctx.netns: labels})
-    log_dir = out / "raw" / _stem(unit)
-    log_dir.mkdir(parents=True, exist_ok=True)
-    recorder.start(ctx.netns)
-    record["started_at"] = now_iso()
-    progress.start(position, unit.label, profile=unit.profile, algorithm=mix_label(unit.mix),
-                   repetition=unit.repetition)
-    try:
-        traffic = run_traffic(path, scenario, unit.mix, progress.update, log_dir)
-    finally:
-        series = recorder.stop()
-        collector.set_netns_labels({})
-    record["duration_s"] = round(traffic.end_mono - traffic.start_mono, 3)
-    fill(record, scenario, unit, path, traffic, series, out)
-    real["failed"] = bool(record["errors"])
-    return record
+@dataclass
+class RealRunPath:
+    """A real profile as one run's path (lifecycle.py): its idle RTT first, then the traffic from this host."""
+    path: Resolved
+    ctx: Context
+
+    @contextlib.contextmanager
+    def open(self, session: Session, unit, position: int, record: RunResult) -> Iterator[OpenRealPath | None]:
+        path, p = self.path, self.path.profile
+        record.update(netns=self.ctx.netns, backend="real path", link={})
+        real = record["real"] = {"target": p.target, "address": path.address, "via": p.via,
+                                 "direction": p.direction, "far_end": path.far_end,
+                                 "sender_telemetry": path.sender_telemetry, "idle_rtt_ms": None,
+                                 "idle_rtt_samples_ms": [], "rtt_moved": False, "failed": False}
+        session.progress.note(f"{unit.label}: idle RTT to {p.target}{' via ' + p.via if p.via else ''}")
+        samples = real["idle_rtt_samples_ms"] = idle_rtt_ms(path)
+        if not samples:
+            record["errors"].append(f"no ping reply from {p.target} before the run: the path is down; run skipped")
+            real["failed"] = True
+            yield None
+            return
+        idle = real["idle_rtt_ms"] = round(statistics.median(samples), 3)
+        first = real["idle_rtt_first_ms"] = self.ctx.first_rtt_ms.setdefault(unit.profile, idle)
+        if rtt_moved(first, idle):
+            real["rtt_moved"] = True
+            session.progress.note(f"{unit.label}: idle RTT {idle:.2f} ms moved from the first run's {first:.2f} ms")
+        yield OpenRealPath(path, self.ctx.netns, real)
+
+
+@dataclass
+class OpenRealPath:
+    path: Resolved
+    netns: int
+    real: dict
+    link_samples: list[tuple[float, int]] | None = None  # a real path's bottleneck is not ours to read
+    keep_own_goodput: bool = True  # a flow this host only received keeps iperf3's goodput
+
+    @property
+    def watched(self) -> set[int]:
+        return {self.netns}
+
+    @property
+    def sender_expected(self) -> bool:
+        return self.path.sender_telemetry
+
+    @property
+    def down(self) -> bool:
+        return self.path.profile.direction == "down"
+
+    def run_traffic(self, scenario: Scenario, mix: tuple[str, ...], progress, log_dir: Path) -> RealTraffic:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        return run_traffic(self.path, scenario, mix, progress, log_dir)
+
+    def views(self, flow: BulkFlow, series: dict[int, FlowSeries], traffic: TrafficResult,
+              errors: list[str]) -> FlowViews:
+        assert isinstance(traffic, RealTraffic)
+        mine = own_series(flow, self.path.address, series)
+        errors_before = len(errors)
+        sender = _far_series(errors, flow, traffic) if self.down else mine
+        refused = len(errors) > errors_before or flow.index in traffic.remote_failed
+        return FlowViews(sender=sender, receiver=mine, refused=refused)
+
+    def describe(self, views: FlowViews) -> dict:
+        return {"view": "sender" if views.sender else "receiver" if views.receiver else None,
+                "sender_host": "far end" if self.down else "this host"}
+
+    def finish(self, record: RunResult) -> None:
+        self.real["failed"] = bool(record["errors"])
 
 
 def idle_rtt_ms(path: Resolved) -> list[float]:
@@ -253,10 +279,6 @@ def idle_rtt_ms(path: Resolved) -> list[float]:
 
 def _ping_via(path: Resolved) -> list[str]:
     return ["-I", path.profile.via] if path.profile.via else []
-
-
-def _stem(unit) -> str:
-    return f"{unit.profile}_{mix_label(unit.mix)}_r{unit.repetition}"
 
 
 @dataclass
@@ -476,66 +498,9 @@ def remote_series(flow: BulkFlow, telemetry: protocol.RemoteTelemetry | None) ->
     return FlowSeries(cookie=0, src=f.src, sport=flow.port, dst=f.dst, dport=flow.local_port, samples=samples)
 
 
-def _far_series(record: dict, flow: BulkFlow, traffic: RealTraffic) -> FlowSeries | None:
+def _far_series(errors: list[str], flow: BulkFlow, traffic: RealTraffic) -> FlowSeries | None:
     try:
         return remote_series(flow, traffic.remote.get(flow.index))
     except ValueError as exc:
-        record["errors"].append(f"bulk{flow.index}: {exc}; its series is not kept")
+        errors.append(f"bulk{flow.index}: {exc}; its series is not kept")
         return None
-
-
-def fill(record: dict, scenario: Scenario, unit, path: Resolved, traffic: RealTraffic,
-         series: dict[int, FlowSeries], out: Path) -> None:
-    t0 = traffic.start_mono
-    record["errors"] += traffic.errors
-    stem = _stem(unit)
-    down = path.profile.direction == "down"
-    srtt_by_algorithm: dict[str, list[float]] = {}
-    sender_series: dict[str, FlowSeries] = {}
-    for flow in traffic.bulk:
-        mine = own_series(flow, path.address, series)
-        errors_before = len(record["errors"])
-        sender = _far_series(record, flow, traffic) if down else mine
-        refused = len(record["errors"]) > errors_before or flow.index in traffic.remote_failed
-        s = sender or mine
-        entry, srtts = analysis.flow_metrics(s, scenario.warmup_s, t0) if s else (analysis.empty_flow(), [])
-        entry.update({"id": f"bulk{flow.index}", "kind": "bulk", "algorithm": flow.algorithm,
-                      "start_offset_s": round(flow.start_offset_s, 3), "iperf3": flow.iperf,
-                      "algorithm_iperf3": flow.iperf.get("sender_tcp_congestion"),
-                      "view": "sender" if sender else "receiver" if mine else None,
-                      "sender_host": "far end" if down else "this host"})
-        if sender is not None:
-            sender_series[entry["id"]] = sender
-            srtt_by_algorithm.setdefault(flow.algorithm, []).extend(srtts)
-            entry["csv"] = write_flow_csv(out, f"{stem}_bulk{flow.index}.csv", sender, t0)
-            kernel = entry["algorithm_kernel"]
-        else:
-            # this host received: its socket's cwnd/srtt are not the algorithm's; iperf3 says what the
-            # sender ran, and its report gives the goodput
-            entry.update(goodput_bps=flow.iperf.get("goodput_bps"), algorithm_kernel=None, srtt_ms=analysis.summary([]))
-            if mine is not None:
-                entry["receiver_csv"] = write_flow_csv(out, f"{stem}_bulk{flow.index}_receiver.csv", mine, t0)
-            kernel = None
-            if flow.error is None and mine is None:
-                record["errors"].append(f"bulk{flow.index}: no telemetry for the flow (local port {flow.local_port})")
-        iperf = entry["algorithm_iperf3"]
-        entry["algorithm_ok"] = (kernel == flow.algorithm if sender is not None else True) and \
-            (iperf == flow.algorithm or not flow.iperf)
-        if flow.error is None and not entry["algorithm_ok"]:
-            record["errors"].append(f"bulk{flow.index}: requested {flow.algorithm}, the sender's kernel ran "
-                                    f"{kernel}, iperf3 reports {iperf}")
-        if flow.error is None and sender is None and path.sender_telemetry and not refused:
-            record["errors"].append(f"bulk{flow.index}: no sender telemetry for the flow (local port "
-                                    f"{flow.local_port})")
-        record["flows"].append(entry)
-    if traffic.ping_sent:
-        window_start = t0 + scenario.warmup_s
-        rtts = [rtt * 1e3 for t, rtt in traffic.ping if t >= window_start]
-        record["ping"] = {"sent": traffic.ping_sent, "received": len(traffic.ping), "rtt_ms": analysis.summary(rtts),
-                          "csv": write_ping_csv(out, f"{stem}_ping.csv", traffic.ping, t0)}
-    # as emulated runs take it (no link counter: a real path's bottleneck is not ours to read); a flow this
-    # host only received keeps iperf3's goodput
-    analysis.apply_common_window(record, t0, [(f, sender_series.get(f["id"])) for f in record["flows"]],
-                                 keep_own=True)
-    record["per_algorithm"] = analysis.per_algorithm(record["flows"], srtt_by_algorithm, unit.mix, [])
-

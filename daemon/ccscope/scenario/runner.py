@@ -17,7 +17,6 @@ from prometheus_client import CollectorRegistry
 
 from ccscope.cc import registry
 from ccscope.cc.provide import check_forced, providable, provided
-from ccscope.emulation.testbed import Testbed
 from ccscope.errors import Interrupted, PrerequisiteError, UsageError
 from ccscope.exporter import FlowCollector
 from ccscope.flows import FlowFilter, FlowSelection, FlowTable
@@ -29,15 +28,15 @@ from ccscope.loader import ProbeOptions, TelemetryProbe, preflight
 from ccscope.units import parse_listen
 from ccscope.web.http import Limits
 
-from . import analysis, linkmeter, realrun, results, shard
-from .document import ResultsDocument
-from .environment import namespace_sysctls, now_iso
-from .linkmeter import LinkMeter
+from . import realrun, results, shard
+from .emulated import EmulatedPath
+from .environment import now_iso
+from .lifecycle import Session, run_unit
 from .progress import Progress
-from .recorder import FlowSeries, Recorder, write_flow_csv, write_ping_csv
+from .recorder import Recorder
 from .spec import Scenario, mix_label
 from .store import Store, check_out_dir, signals_held
-from .traffic import FETCH_PORT, BulkFlow, TrafficResult, planned_seconds, run_traffic
+from .traffic import planned_seconds
 
 
 @dataclass
@@ -174,10 +173,12 @@ def _run_missing(scenario: Scenario, units: list[Unit], doc: dict, store: Store,
             endpoint.hub.set_cc_names(names)
         progress = Progress(len(units), planned_seconds(scenario), listener=endpoint and endpoint.hub.scenario.on_event,
                             names=names)
-        session = Session(scenario, doc, out, options, recorder, collector, progress)
+        session = Session(scenario, out, recorder, collector, progress)
         verified: set[str] = set(doc["emulation_checks"])
         for position, unit in todo:
-            record = _run_unit(session, unit, position, verify=options.verify and unit.profile not in verified)
+            path = (options.real and options.real.path_for(unit.profile)) or \
+                EmulatedPath(doc, options.backend, verify=options.verify and unit.profile not in verified)
+            record = run_unit(session, unit, position, path)
             verified.add(unit.profile)
             record = store.add_run(doc, record)
             progress.done(record)
@@ -308,156 +309,3 @@ def _telemetry(scenario: Scenario, endpoint: Endpoint | None):
                 endpoint.hub.set_table_source(None)
                 endpoint.registry.unregister(collector)
             collector.close()
-
-
-@dataclass
-class Session:
-    """What the runs of one invocation share: the scenario, its results, the telemetry and the progress."""
-    scenario: Scenario
-    doc: ResultsDocument
-    out: Path
-    options: Options
-    recorder: Recorder
-    collector: FlowCollector
-    progress: Progress
-
-
-def _run_unit(session: Session, unit: Unit, position: int, verify: bool) -> dict:
-    scenario, doc, out, options = session.scenario, session.doc, session.out, session.options
-    recorder, collector, progress = session.recorder, session.collector, session.progress
-    profile = scenario.profiles[unit.profile]
-    if options.real is not None and unit.profile in options.real.paths:  # this host's own network
-        return realrun.run_unit(scenario, unit, position, out, recorder, collector, progress, options.real)
-    record = results.new_run(unit, position)
-    with Testbed(profile, backend=options.backend, seed=scenario.seed + position) as tb:
-        tb.set_algorithm(unit.mix[0])
-        netns = tb.netns_inode(tb.sender_ns)
-        record["netns"] = netns
-        record["backend"] = tb.backend
-        if not doc["environment"].get("offloads"):
-            doc["environment"]["offloads"] = getattr(tb, "offloads", {})
-            doc["environment"]["sysctls_sender_ns"] = namespace_sysctls(tb)
-        if verify:
-            progress.note(f"checking the emulated path {unit.profile}")
-            check = tb.verify()
-            doc["emulation_checks"][unit.profile] = {
-                "ok": check.ok, "message": check.message, "rtt_expected_s": check.rtt_expected_s,
-                "rtt_measured_s": check.rtt_measured_s, "rate_expected_bps": check.rate_expected_bps,
-                "rate_measured_bps": check.rate_measured_bps}
-            if not check.ok:  # recorded and shown; the measurements themselves are still valid
-                doc["warnings"].append(f"emulation check of {unit.profile}: {check.message}")
-        collector.filter = FlowFilter(netns={netns, tb.netns_inode(tb.receiver_ns)})
-        labels = {"scenario": scenario.name, "profile": unit.profile, "algorithm": mix_label(unit.mix),
-                  "run": str(unit.repetition)}
-        collector.set_netns_labels({netns: labels, tb.netns_inode(tb.receiver_ns): labels})
-        link_before = tb.link_stats()  # the verify probe above went through the same queues
-        meter = LinkMeter(tb.router_ns)
-        try:
-            recorder.start(netns)
-            record["started_at"] = now_iso()
-            progress.start(position, unit.label, profile=unit.profile, algorithm=mix_label(unit.mix),
-                           repetition=unit.repetition)
-            traffic = run_traffic(tb, scenario, unit.mix, progress.update, out / "raw" / _stem(unit))
-            series = recorder.stop()
-        finally:
-            link_samples = meter.stop()
-        record["link"] = _link_delta(tb.link_stats(), link_before)
-    collector.set_netns_labels({})
-    record["duration_s"] = round(traffic.end_mono - traffic.start_mono, 3)
-    _fill_run(record, scenario, unit, traffic, series, out, link_samples)
-    return record
-
-
-def _fill_run(record: dict, scenario: Scenario, unit: Unit, traffic: TrafficResult,
-              series: dict[int, FlowSeries], out: Path, link_samples: list[tuple[float, int]]) -> None:
-    t0 = traffic.start_mono
-    record["errors"] += traffic.errors
-    stem = _stem(unit)
-    bulk_end = t0
-    srtt_by_algorithm: dict[str, list[float]] = {}
-    series_of: dict[int, FlowSeries] = {}
-    for flow in traffic.bulk:
-        s = bulk_series(flow, series)
-        entry, srtts = analysis.flow_metrics(s, scenario.warmup_s, t0) if s else (analysis.empty_flow(), [])
-        if s is not None:
-            series_of[id(entry)] = s
-        srtt_by_algorithm.setdefault(flow.algorithm, []).extend(srtts)
-        entry.update({"id": f"bulk{flow.index}", "kind": "bulk", "algorithm": flow.algorithm,
-                      "start_offset_s": round(flow.start_offset_s, 3), "iperf3": flow.iperf,
-                      "algorithm_iperf3": flow.iperf.get("sender_tcp_congestion")})
-        if s is None:
-            record["errors"].append(f"bulk{flow.index}: no telemetry for the flow (server port {flow.port}, "
-                                    f"local port {flow.local_port})")
-        else:
-            entry["csv"] = write_flow_csv(out, f"{stem}_bulk{flow.index}.csv", s, t0)
-            bulk_end = max(bulk_end, s.samples[-1].t)
-        _check_algorithm(record, entry, flow.algorithm)
-        record["flows"].append(entry)
-    downloads_by_port = {s.dport: s for s in series.values() if s.sport == FETCH_PORT}
-    for i, d in enumerate(traffic.downloads):
-        s = downloads_by_port.get(d.get("local_port"))
-        entry = {"id": f"download{i}", "size_bytes": d["size_bytes"], "complete": d["complete"],
-                 "completion_time_s": d["completion_time_s"], "received_bytes": d["received_bytes"],
-                 "start_s": round(d["start"] - t0, 3), "error": d["error"], "algorithm": unit.mix[0],
-                 "algorithm_kernel": s.cc if s else None, "retransmits": s.samples[-1].retransmits if s else None,
-                 "csv": write_flow_csv(out, f"{stem}_download{i}.csv", s, t0) if s else None}
-        if s is not None and s.cc != unit.mix[0]:
-            record["errors"].append(f"download{i}: requested {unit.mix[0]}, the kernel ran {s.cc}")
-        record["downloads"].append(entry)
-    if traffic.ping_sent:
-        window_start = t0 + scenario.warmup_s
-        end = bulk_end if traffic.bulk else traffic.end_mono
-        rtts = [rtt * 1e3 for t, rtt in traffic.ping if window_start <= t <= end]
-        record["ping"] = {"sent": traffic.ping_sent, "received": len(traffic.ping), "rtt_ms": analysis.summary(rtts),
-                          "csv": write_ping_csv(out, f"{stem}_ping.csv", traffic.ping, t0)}
-    _common_window(record, t0, series_of, link_samples)
-    record["per_algorithm"] = analysis.per_algorithm(record["flows"], srtt_by_algorithm, unit.mix,
-                                                     record["downloads"])
-
-
-def _common_window(record: dict, t0: float, series_of: dict[int, FlowSeries],
-                   link_samples: list[tuple[float, int]]) -> None:
-    """Goodput of every bulk flow over the run's one common window (analysis.py), their sum, Jain's index
-    of them, and the link's own egress counter over the same window."""
-    window = analysis.apply_common_window(record, t0, [(f, series_of.get(id(f))) for f in record["flows"]])
-    wire = None if window is None else linkmeter.bytes_between(link_samples, *window)
-    link_bps = None if wire is None else wire * 8 / (window[1] - window[0])
-    record["link_window_bps"] = link_bps  # layer 2, up direction, what left the router
-    if link_bps is not None and record["goodput_bps"] is not None and record["goodput_bps"] > link_bps:
-        record["errors"].append(f"goodput {record['goodput_bps'] / 1e6:.2f} Mbit/s is above what the link's "
-                                f"counter shows over the same window ({link_bps / 1e6:.2f} Mbit/s)")
-
-
-def _stem(unit: Unit) -> str:
-    return f"{unit.profile}_{mix_label(unit.mix)}_r{unit.repetition}"
-
-
-def bulk_series(flow: BulkFlow, series: dict[int, FlowSeries]) -> FlowSeries | None:
-    """The BPF series of a bulk flow: by the local port iperf3 reports, else by the server port.
-
-    Each iperf3 server port carries two connections, the control one and the data one, so without
-    iperf3's report (a client that failed or was stopped) the data connection is the one that moved
-    the most bytes. What the kernel measured is kept either way."""
-    if flow.local_port is not None:
-        by_sport = [s for s in series.values() if s.sport == flow.local_port and s.samples]
-        if by_sport:
-            # A port can serve twice: the path check's iperf3 closed its control connection from the same local
-            # port 60 ms before a run's data connection took it (seen once: the run got that 184-byte series).
-            return max(by_sport, key=lambda s: (s.dport == flow.port, s.samples[-1].bytes_acked))
-    to_server = [s for s in series.values() if s.dport == flow.port and s.samples]
-    return max(to_server, key=lambda s: s.samples[-1].bytes_acked, default=None)
-
-
-def _link_delta(after: dict, before: dict) -> dict:
-    return {d: {k: v - before.get(d, {}).get(k, 0) if isinstance(v, int) else v for k, v in counters.items()}
-            for d, counters in after.items()}
-
-
-def _check_algorithm(record: dict, entry: dict, requested: str) -> None:
-    kernel, iperf = entry.get("algorithm_kernel"), entry.get("algorithm_iperf3")
-    # without iperf3's report (its failure is an error of its own) the kernel's word stands alone
-    ok = kernel == requested and (iperf == requested or not entry.get("iperf3"))
-    entry["algorithm_ok"] = ok
-    if not ok:
-        record["errors"].append(f"{entry['id']}: requested {requested}, the kernel ran {kernel}, "
-                                f"iperf3 reports {iperf}")

@@ -1,0 +1,107 @@
+"""An emulated path for one run (lifecycle.py): a testbed of namespaces with the profile's link, its
+check before the first run of each profile, and the bottleneck's own counters around the traffic."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ccscope.emulation.testbed import Testbed
+
+from .document import ResultsDocument, RunResult
+from .environment import namespace_sysctls
+from .lifecycle import FlowViews, Session
+from .linkmeter import LinkMeter
+from .recorder import FlowSeries
+from .spec import Scenario
+from .traffic import BulkFlow, TrafficResult, run_traffic
+
+
+@dataclass
+class EmulatedPath:
+    """The profile's link between two namespaces; `verify` checks it before the traffic (once per profile)."""
+    doc: ResultsDocument  # the environment, the emulation checks and their warnings go there
+    backend: str | None
+    verify: bool
+
+    @contextlib.contextmanager
+    def open(self, session: Session, unit, position: int, record: RunResult) -> Iterator[OpenTestbed]:
+        scenario = session.scenario
+        with Testbed(scenario.profiles[unit.profile], backend=self.backend, seed=scenario.seed + position) as tb:
+            tb.set_algorithm(unit.mix[0])
+            opened = OpenTestbed(tb, tb.netns_inode(tb.sender_ns), {tb.netns_inode(tb.sender_ns),
+                                                                    tb.netns_inode(tb.receiver_ns)})
+            record["netns"], record["backend"] = opened.netns, tb.backend
+            self._environment(tb)
+            if self.verify:
+                session.progress.note(f"checking the emulated path {unit.profile}")
+                self._check(tb, unit.profile)
+            link_before = tb.link_stats()  # the check above went through the same queues
+            meter = LinkMeter(tb.router_ns)
+            try:
+                yield opened
+            finally:
+                opened.link_samples = meter.stop()
+            record["link"] = _link_delta(tb.link_stats(), link_before)
+
+    def _environment(self, tb: Testbed) -> None:
+        environment = self.doc["environment"]
+        if not environment.get("offloads"):
+            environment["offloads"] = getattr(tb, "offloads", {})
+            environment["sysctls_sender_ns"] = namespace_sysctls(tb)
+
+    def _check(self, tb: Testbed, profile: str) -> None:
+        check = tb.verify()
+        self.doc["emulation_checks"][profile] = {
+            "ok": check.ok, "message": check.message, "rtt_expected_s": check.rtt_expected_s,
+            "rtt_measured_s": check.rtt_measured_s, "rate_expected_bps": check.rate_expected_bps,
+            "rate_measured_bps": check.rate_measured_bps}
+        if not check.ok:  # recorded and shown; the measurements themselves are still valid
+            self.doc["warnings"].append(f"emulation check of {profile}: {check.message}")
+
+
+@dataclass
+class OpenTestbed:
+    tb: Testbed
+    netns: int
+    watched: set[int]
+    link_samples: list[tuple[float, int]] | None = field(default=None)
+    keep_own_goodput: bool = False
+    sender_expected: bool = True
+
+    def run_traffic(self, scenario: Scenario, mix: tuple[str, ...], progress: Callable[[float], None],
+                    log_dir: Path) -> TrafficResult:
+        return run_traffic(self.tb, scenario, mix, progress, log_dir)
+
+    def views(self, flow: BulkFlow, series: dict[int, FlowSeries], traffic: TrafficResult,
+              errors: list[str]) -> FlowViews:
+        return FlowViews(sender=bulk_series(flow, series))
+
+    def describe(self, views: FlowViews) -> dict:
+        return {}
+
+    def finish(self, record: RunResult) -> None:
+        pass
+
+
+def bulk_series(flow: BulkFlow, series: dict[int, FlowSeries]) -> FlowSeries | None:
+    """The BPF series of a bulk flow: by the local port iperf3 reports, else by the server port.
+
+    Each iperf3 server port carries two connections, the control one and the data one, so without
+    iperf3's report (a client that failed or was stopped) the data connection is the one that moved
+    the most bytes. What the kernel measured is kept either way."""
+    if flow.local_port is not None:
+        by_sport = [s for s in series.values() if s.sport == flow.local_port and s.samples]
+        if by_sport:
+            # A port can serve twice: the path check's iperf3 closed its control connection from the same local
+            # port 60 ms before a run's data connection took it (seen once: the run got that 184-byte series).
+            return max(by_sport, key=lambda s: (s.dport == flow.port, s.samples[-1].bytes_acked))
+    to_server = [s for s in series.values() if s.dport == flow.port and s.samples]
+    return max(to_server, key=lambda s: s.samples[-1].bytes_acked, default=None)
+
+
+def _link_delta(after: dict, before: dict) -> dict:
+    return {d: {k: v - before.get(d, {}).get(k, 0) if isinstance(v, int) else v for k, v in counters.items()}
+            for d, counters in after.items()}
