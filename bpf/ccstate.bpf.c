@@ -40,6 +40,17 @@ struct {
 	__type(value, struct ccstate_config);
 } ccstate_config SEC(".maps");
 
+/*
+ * Every change of an algorithm's key (BBR's mode; CUBIC's W_max or its epoch starting or ending), as the whole
+ * record after it, for `ccscope trace`: exact events, where the map holds only the latest. A flow's first copy
+ * goes there too, and so may a copy on a CPU whose gate had not met the flow (the reader drops repeats).
+ * 128 KiB holds 1820 records; a reader drains it every 100 ms.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 128 * 1024);
+} ccstate_changes SEC(".maps");
+
 /* Per CPU, per socket (by cookie, direct-mapped): what the last copy saw, and when the next is due. */
 struct gate {
 	__u64 cookie;
@@ -167,7 +178,8 @@ static __noinline struct ccstate *record_for(__u64 cookie, __u32 kind)
 /* A copy is due: a new socket or algorithm, a change of the key word, or the periodic interval. */
 static __noinline int copy(struct tcp_sock *tp, __u64 cookie, __u64 ops, struct gate *gate)
 {
-	__u32 key = 0, slot = 0, kind = gate->kind;
+	__u32 key = 0, slot = 0, kind = gate->kind, old_key = gate->key;
+	int met = gate->cookie == cookie && gate->ops == ops;
 	struct ccstate_config *cfg;
 	struct ccstate *st;
 	int counted;
@@ -194,6 +206,9 @@ static __noinline int copy(struct tcp_sock *tp, __u64 cookie, __u64 ops, struct 
 	st->updated_ns = now;
 	key = change_key(tp, kind);
 	gate->key = key;
+	/* the key's lowest bit is "all acknowledged": a flow at rest is no change of the algorithm's */
+	if (!met || !counted || (key >> 1) != (old_key >> 1))
+		bpf_ringbuf_output(&ccstate_changes, st, sizeof(*st), 0);
 	return 0;
 }
 

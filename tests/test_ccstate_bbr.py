@@ -3,8 +3,10 @@ bbr_get_info() fills from the same struct bbr; and PROBE_RTT entries against `ss
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -15,7 +17,8 @@ import pytest
 from ccscope.ccstate.decoders import decode
 from ccscope.ccstate.probe import StateProbe
 from ccscope.ccstate.record import BbrStateC, CcState, Kind
-from ccscope_testkit.net import CCSCOPE, Daemon, Link, parse_metrics
+from ccscope.loader import PROGRAMS
+from ccscope_testkit.net import CCSCOPE, Daemon, Link, held_link_count, parse_metrics, wait_for
 from ccscope_testkit.prereqs import require_bpf_object, require_root, require_tools
 
 PEER = str(Path(__file__).with_name("ccstate_peer.py"))
@@ -23,6 +26,7 @@ PORT = 5301
 SS_BBR = re.compile(r"bbr:\(bw:([\d.]+)([KMG]?)bps,mrtt:([\d.]+),pacing_gain:([\d.]+),cwnd_gain:([\d.]+)\)")
 SCALE = {"": 1, "K": 1e3, "M": 1e6, "G": 1e9}
 # bbr_update_gains(): the gains each mode sets (x 256: 739 is bbr_high_gain, 88 bbr_drain_gain)
+TRACE_LINKS = len(PROGRAMS) + 1  # the telemetry probe's tracepoints and the state program
 GAINS = {"startup": ({739}, {739}), "drain": ({88}, {739}), "probe_bw": ({320, 192, 256}, {512}),
          "probe_rtt": ({256}, {256})}
 
@@ -126,8 +130,12 @@ def test_state_equals_ss_at_rest(link: Link) -> None:
 def test_every_probe_rtt_is_counted(link: Link) -> None:
     """12 s of bulk into a queue that never empties: min_rtt (the empty path's) is never seen again, so BBR
     enters PROBE_RTT once its 10 s are up and holds cwnd at 4 for 200 ms. `ss -tin` polled every 20 ms sees
-    it as a run of cwnd_gain 1 (probe_rtt's alone); our counter must count each run, and no more."""
+    it as a run of cwnd_gain 1 (probe_rtt's alone); our counter must count each run, and no more. The same
+    flow in `ccscope trace --state`: a line per change of mode, each with its mode's gains, as many as counted."""
     server = _peer(link, link.b, "serve", str(PORT), str(1 << 62))
+    trace = subprocess.Popen([*CCSCOPE, "trace", "--json", "--state", "--port", str(PORT), "--duration", "30s"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert wait_for(lambda: held_link_count(trace.pid) >= TRACE_LINKS, 10), "trace never attached"
     client = _peer(link, link.a, "bulk", link.addr_b, str(PORT), "bbr", "12")
     episodes, in_probe_rtt, cwnds = 0, False, []
     try:
@@ -144,10 +152,23 @@ def test_every_probe_rtt_is_counted(link: Link) -> None:
                         cwnds.append(int(re.search(r"cwnd:(\d+)", out).group(1)))
                 time.sleep(0.02)
             state = decode(probe.raw(cookie))
+        trace.send_signal(signal.SIGINT)
+        lines, err = trace.communicate(timeout=15)
     finally:
-        for proc in (client, server):
+        for proc in (client, server, trace):
             proc.kill()
             proc.wait()
     assert episodes == 1, episodes
     assert state.probe_rtt_entries == episodes, state
     assert min(cwnds) <= 4, cwnds
+    changes = [line["state"] for line in map(json.loads, lines.splitlines())
+               if line.get("event") == "state_change" and line["cookie"] == cookie]
+    modes = [change["mode"] for change in changes]
+    # the flow's first copy (before BBR's first ACK has set its gains), then one line per change
+    assert modes[0] == "startup" and modes[1:3] in (["drain", "probe_bw"], ["probe_bw", "probe_rtt"]), (modes, err)
+    assert modes.count("probe_rtt") == episodes and len(modes) - 1 == state.mode_changes, (modes, state)
+    assert all(a != b for a, b in itertools.pairwise(modes)), modes  # changes, never repeats
+    for change in changes[1:]:
+        pacing_set, cwnd_set = GAINS[change["mode"]]
+        assert round(change["pacing_gain"] * 256) in pacing_set and round(change["cwnd_gain"] * 256) in cwnd_set, \
+            change

@@ -109,8 +109,8 @@ def test_a_reused_local_port_gives_the_data_connections_series() -> None:
     """The path check's iperf3 control connection (184 bytes, closed just before the run) and the run's data
     connection had the same local port; the run took the first series recorded, the wrong one."""
     from ccscope.sample import Sample
-    from ccscope.scenario.recorder import FlowSeries
     from ccscope.scenario.emulated import bulk_series
+    from ccscope.scenario.recorder import FlowSeries
     from ccscope.scenario.traffic import BulkFlow
 
     def sample(t: float, acked: int, event: int = 1) -> Sample:

@@ -26,6 +26,7 @@ from .bpf_types import EVENT_NAMES, Counter
 from .cc.provide import shown_names
 from .ccstate.decoders import AlgorithmState
 from .ccstate.probe import StateProbe, open_optional
+from .ccstate.trace_lines import TracedFlows
 from .errors import CcscopeError, PrerequisiteError, UsageError
 from .exporter import FlowCollector
 from .flows import (
@@ -254,9 +255,13 @@ def cmd_daemon(args: argparse.Namespace) -> int:
 
 
 @contextlib.contextmanager
-def _algorithm_state(options: ProbeOptions, probe: TelemetryProbe) -> Iterator[StateProbe | None]:
+def _algorithm_state(options: ProbeOptions, probe: TelemetryProbe, wanted: bool = True
+                     ) -> Iterator[StateProbe | None]:
     """Each algorithm's own state beside the telemetry, where this kernel loads it; else one warning line and
     flows without it."""
+    if not wanted:
+        yield None
+        return
     state_probe, why = open_optional(options.max_flows, options.sample_interval_ns, probe.libbpf)
     if why:
         print(f"ccscope: warning: no algorithm state (BBR's mode, CUBIC's W_max): {why}", file=sys.stderr,
@@ -404,6 +409,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
     wall_offset = time.time() - monotonic_ns() / 1e9
     emitted = 0
     pending: list[bytes] = []  # written once per poll: one write per batch, not per sample
+    names = TracedFlows()  # the flows this trace shows, for their state changes
 
     def on_samples(raws: list) -> None:
         nonlocal emitted
@@ -415,6 +421,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
             fields = record_fields(raw)
             if flow_filter.beyond_ids and not flow_filter.matches(FlowRecord(**fields)):
                 continue
+            names.saw(fields)
             pending.append(_trace_line(fields, wall_offset, args.json, attributor))
             emitted += 1
             if args.count is not None and emitted >= args.count:
@@ -425,11 +432,22 @@ def cmd_trace(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     # Never a blocking write here: a reader that stalls must not stop --duration or the signals (linewriter.py).
     writer = LineWriter(sys.stdout.fileno())
-    with TelemetryProbe(_probe_options(args, emit_samples=True)) as probe:
+    options = _probe_options(args, emit_samples=True)
+    with TelemetryProbe(options) as probe, _algorithm_state(options, probe, args.state) as state_probe:
         ring = probe.ring_buffer(on_samples)
+        changed: list[bytes] = []
+        changes = state_probe and state_probe.changes(changed.extend)
+
+        def drain_changes() -> None:  # every poll: a change may wait one poll for its flow's first sample
+            if changes:
+                changes.poll(0)
+                pending.extend(names.state_lines(changed, wall_offset, args.json))
+                changed.clear()
+
         try:
             while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
                 ring.poll(100)
+                drain_changes()
                 if attributor:
                     attributor.refresh()
                 if pending and not writer.put(pending):
@@ -439,9 +457,12 @@ def cmd_trace(args: argparse.Namespace) -> int:
                 # Ctrl-C, --duration or --count ended it: what the kernel wrote before that still goes out (the
                 # records wait in the ring up to 100 ms for the next drain, and a signal cuts that wait short)
                 ring.poll(0)
+                drain_changes()
                 writer.put(pending)
         finally:
             ring.close()
+            if changes:
+                changes.close()
             lost = probe.counters()
     writer.finish(_signalled_again())
     if writer.error is not None:  # `> /dev/full`: said, where it used to end in silence
@@ -544,6 +565,9 @@ def build_parser() -> argparse.ArgumentParser:
     trace.add_argument("--json", action="store_true", help="JSON lines instead of text")
     trace.add_argument("--duration", help="stop after this long (e.g. 30s; without it, until Ctrl-C or --count)")
     trace.add_argument("--count", type=int, help="stop after this many samples")
+    trace.add_argument("--state", action="store_true",
+                       help="also a line at each change of a flow's algorithm state (BBR's mode; CUBIC's W_max, "
+                            "its epoch): the whole state after it")
     _add_probe_flags(trace)
     _add_filters(trace)
     trace.set_defaults(func=cmd_trace)

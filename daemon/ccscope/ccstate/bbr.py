@@ -29,6 +29,11 @@ class BbrState:
     def mode_number(self) -> int:
         return MODES.index(self.mode)
 
+    @property
+    def change(self) -> str:
+        """What a change event (changes.py) is a change of: the mode."""
+        return self.mode
+
     def summary(self) -> str:
         rtt = f" mrtt:{self.min_rtt_s * 1e3:.3f}ms" if self.min_rtt_s is not None else ""
         return (f"bbr:{self.mode} bw:{self.bandwidth_Bps * 8 / 1e6:.2f}Mbps{rtt} "

@@ -28,6 +28,11 @@ class CubicState:
         """The TCP-friendly region: Reno's estimate is above the window, so it sets the growth."""
         return self.in_epoch and self.reno_segments > self.cwnd_segments
 
+    @property
+    def change(self) -> tuple[int, bool]:
+        """What a change event (changes.py) is a change of: W_max, and whether an epoch runs."""
+        return self.wmax_segments, self.in_epoch
+
     def summary(self) -> str:
         region = "reno" if self.reno_governs else "cubic"
         return (f"cubic:wmax:{self.wmax_segments} K:{self.k_s:.3f}s origin:{self.origin_segments} "

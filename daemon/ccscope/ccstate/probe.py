@@ -8,12 +8,12 @@ through bpf_rdonly_cast (Linux >= 6.2, no call) and through the helper bpf_skc_t
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from importlib import resources
 from pathlib import Path
 
 from ..errors import BpfError, PrerequisiteError
-from ..libbpf import Libbpf
+from ..libbpf import Libbpf, RingBuffer
 from ..loader import REBUILD, check_map_layouts, kernel_has_function, open_options
 from .decoders import AlgorithmState, decode
 from .record import MAP_LAYOUTS, CcState, CcStateConfig, u32, u64
@@ -36,6 +36,7 @@ class StateProbe:
         self._obj: int | None = None
         self._link: int | None = None
         self._fd = -1
+        self._changes_fd = -1
 
     def __enter__(self) -> StateProbe:
         try:
@@ -70,6 +71,7 @@ class StateProbe:
             raise self.libbpf.error("kernel rejected the algorithm-state program",
                                     fix="flows carry no algorithm state; `ccscope check` says what this kernel lacks")
         self._fd = lib.bpf_map__fd(states)
+        self._changes_fd = lib.bpf_map__fd(lib.bpf_object__find_map_by_name(self._obj, b"ccstate_changes"))
         config = CcStateConfig(interval_ns=self.interval_ns)
         key = u32(0)
         self.libbpf.check_int(lib.bpf_map_update_elem(
@@ -94,6 +96,10 @@ class StateProbe:
                     found[cookie] = state
         return found
 
+    def changes(self, handler: Callable[[list[bytes]], None]) -> RingBuffer:
+        """Every change of a flow's key (changes.py reads the records), once per poll."""
+        return RingBuffer(self.libbpf, self._changes_fd, handler)
+
     def raw(self, cookie: int) -> CcState | None:
         """The kernel's record as it is (tests compare it with the kernel's own formulas)."""
         key, value = u64(cookie), CcState()
@@ -110,7 +116,7 @@ class StateProbe:
         if self._obj:
             lib.bpf_object__close(self._obj)
             self._obj = None
-        self._fd = -1
+        self._fd = self._changes_fd = -1
 
 
 def open_optional(max_flows: int, interval_ns: int, libbpf: Libbpf | None = None
