@@ -41,6 +41,7 @@ WORKLOAD_SEL = 'namespace=~"$namespace",pod=~"$pod",container=~"$container"'
 FLOW_SEL = TARGET + ',' + WORKLOAD_SEL + ',netns=~"$netns",cc=~"$cc",flow=~"$flow"'
 RUN_SEL = TARGET + ',scenario=~"$scenario",run=~"$run"'
 CA_STATES = ("open", "disorder", "cwr", "recovery", "loss")
+BBR_MODES = (("startup", "orange"), ("drain", "blue"), ("probe_bw", "green"), ("probe_rtt", "red"))  # enum bbr_mode
 
 Panel = timeseries.Panel | stat.Panel | bargauge.Panel | statetimeline.Panel | table.Panel
 
@@ -158,6 +159,7 @@ def live_flows() -> db.Dashboard:
     _per_flow_panels(lay)
     _pod_panels(lay)
     _daemon_health_panels(lay)
+    _state_panels(lay)
     variables = [datasource_var(), *job_instance_vars(),
                  query_var("namespace", "Kubernetes namespace",
                            f'label_values(ccscope_flow_cwnd_segments{{{TARGET}}}, namespace)'),
@@ -259,6 +261,33 @@ def _per_flow_panels(lay: Layout) -> None:
                target(f"ccscope_flow_mss_bytes{{{fs}}}", "{{flow}}")), w=12, h=6)
     lay.add(ts("Exported flows by algorithm", "Per-flow series by congestion control algorithm.", "short",
                target(f"count by (cc) (ccscope_flow_cwnd_segments{{{fs}}})", "{{cc}}")), w=12, h=6)
+
+
+def _state_panels(lay: Layout) -> None:
+    lay.row("Why: each algorithm's own state, and the cause of each retransmit")
+    fs = FLOW_SEL
+    modes = dm.ValueMap(options={str(i): dm.ValueMappingResult(text=name, color=color, index=i)
+                                 for i, (name, color) in enumerate(BBR_MODES)})
+    timeline = (statetimeline.Panel().mappings([modes]).show_value(cm.VisibilityMode.NEVER).merge_values(True)
+                .row_height(0.9))
+    lay.add(common_panel(timeline, "BBR mode", "BBR's mode per flow (ccscope_flow_bbr_mode): startup, drain, "
+                         "probe_bw, probe_rtt; each change is copied on the next segment, so a 200 ms PROBE_RTT "
+                         "shows.", "none", [target(f"ccscope_flow_bbr_mode{{{fs}}}", "{{flow}}")], []))
+    lay.add(ts("BBR bandwidth estimate against delivery rate",
+               "BBR's max-filtered bandwidth estimate (what it paces at, times pacing_gain) next to the kernel's "
+               "latest delivery rate sample of the same flow.", "Bps",
+               target(f"ccscope_flow_bbr_bandwidth_bytes_per_second{{{fs}}}", "estimate {{flow}}"),
+               target(f'ccscope_flow_delivery_rate_bytes_per_second{{{fs},cc="bbr"}}', "delivery {{flow}}")))
+    lay.add(ts("CUBIC window under its W_max",
+               "cwnd of CUBIC flows and the W_max CUBIC set at the last loss (ccscope_flow_cubic_wmax_segments): "
+               "the window grows back towards it, concave, then probes beyond it, convex.", "short",
+               target(f'ccscope_flow_cwnd_segments{{{fs},cc="cubic"}}', "cwnd {{flow}}"),
+               target(f"ccscope_flow_cubic_wmax_segments{{{fs}}}", "W_max {{flow}}")))
+    lay.add(ts("Retransmits by cause",
+               "Retransmitted segments per second over the exported flows, by the socket's state as the kernel "
+               "retransmitted: rto (timeout), fast (recovery), tlp (tail-loss probe), other.", "cps",
+               target(f"sum by (cause) (rate(ccscope_flow_retransmits_by_cause_total{{{fs}}}[$__rate_interval]))",
+                      "{{cause}}")))
 
 
 def _pod_panels(lay: Layout) -> None:
