@@ -18,6 +18,7 @@ from ccscope.ccstate.decoders import decode
 from ccscope.ccstate.probe import StateProbe
 from ccscope.ccstate.record import BbrStateC, CcState, Kind
 from ccscope.loader import PROGRAMS
+from ccscope_testkit.kernel_cc import bbr_gains_match
 from ccscope_testkit.net import CCSCOPE, Daemon, Link, held_link_count, parse_metrics, wait_for
 from ccscope_testkit.prereqs import require_bpf_object, require_root, require_tools
 
@@ -25,10 +26,7 @@ PEER = str(Path(__file__).with_name("ccstate_peer.py"))
 PORT = 5301
 SS_BBR = re.compile(r"bbr:\(bw:([\d.]+)([KMG]?)bps,mrtt:([\d.]+),pacing_gain:([\d.]+),cwnd_gain:([\d.]+)\)")
 SCALE = {"": 1, "K": 1e3, "M": 1e6, "G": 1e9}
-# bbr_update_gains(): the gains each mode sets (x 256: 739 is bbr_high_gain, 88 bbr_drain_gain)
 TRACE_LINKS = len(PROGRAMS) + 1  # the telemetry probe's tracepoints and the state program
-GAINS = {"startup": ({739}, {739}), "drain": ({88}, {739}), "probe_bw": ({320, 192, 256}, {512}),
-         "probe_rtt": ({256}, {256})}
 
 
 def test_decoder_units() -> None:
@@ -119,8 +117,7 @@ def test_state_equals_ss_at_rest(link: Link) -> None:
         assert ours.bandwidth_Bps * 8 == pytest.approx(bw, rel=0.006), (ours, bw)
         assert ours.min_rtt_s == pytest.approx(mrtt, abs=1e-6), (ours, mrtt)
         assert (ours.pacing_gain, ours.cwnd_gain) == (pytest.approx(pacing, abs=1e-3), pytest.approx(cwnd, abs=1e-3))
-        pacing_set, cwnd_set = GAINS[ours.mode]
-        assert round(ours.pacing_gain * 256) in pacing_set and round(ours.cwnd_gain * 256) in cwnd_set, ours
+        assert bbr_gains_match(ours.mode, ours.pacing_gain, ours.cwnd_gain), ours
     last = seen[-1][0]
     # out of startup (drain may last less than one ACK: bbr_check_drain() can enter and leave it in one call,
     # and then the change seen is startup -> probe_bw), the pipe found full
@@ -169,6 +166,4 @@ def test_every_probe_rtt_is_counted(link: Link) -> None:
     assert modes.count("probe_rtt") == episodes and len(modes) - 1 == state.mode_changes, (modes, state)
     assert all(a != b for a, b in itertools.pairwise(modes)), modes  # changes, never repeats
     for change in changes[1:]:
-        pacing_set, cwnd_set = GAINS[change["mode"]]
-        assert round(change["pacing_gain"] * 256) in pacing_set and round(change["cwnd_gain"] * 256) in cwnd_set, \
-            change
+        assert bbr_gains_match(change["mode"], change["pacing_gain"], change["cwnd_gain"]), change

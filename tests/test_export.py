@@ -202,3 +202,25 @@ def test_runs_only_the_journal_holds_are_exported(tmp_path: Path) -> None:
     assert ran.returncode == 0, ran.stderr
     exported = {row["run"] for row in csv.DictReader((tmp_path / "tables" / "runs.csv").open(newline=""))}
     assert exported == {run["label"] for run in doc["runs"]}  # the last run, only in the journal, too
+
+
+def test_states_table_holds_every_state_row(tmp_path: Path) -> None:
+    """A flow's state CSV becomes the states table, each cell as written, its flow's identity in front; a
+    directory from before states (the fixture as committed) writes no states table at all (above)."""
+    directory = tmp_path / "results"
+    shutil.copytree(FIXTURE, directory)
+    doc = json.loads((directory / "results.json").read_text())
+    flow = doc["runs"][0]["flows"][0]
+    flow["state_csv"] = "flows/state_of_bulk0.csv"
+    (directory / flow["state_csv"]).write_text(
+        "time_s,event,algorithm,mode,bandwidth_Bps,pacing_gain\n0.1000,change,bbr,startup,0,0\n"
+        "0.3000,reading,bbr,startup,125000,2.88672\n0.9000,change,bbr,probe_bw,1.25e+06,1.25\n")
+    (directory / "results.json").write_text(json.dumps(doc))
+    ran = ccscope("export", str(directory), "--out", str(tmp_path / "tables"))
+    assert ran.returncode == 0, ran.stderr
+    rows = pq.read_table(tmp_path / "tables" / "states.parquet").to_pylist()
+    assert [(r["run"], r["flow"], r["time_s"], r["event"], r["mode"], r["bandwidth_Bps"]) for r in rows] == [
+        (doc["runs"][0]["label"], flow["id"], 0.1, "change", "startup", 0.0),
+        (doc["runs"][0]["label"], flow["id"], 0.3, "reading", "startup", 125000.0),
+        (doc["runs"][0]["label"], flow["id"], 0.9, "change", "probe_bw", 1.25e6)]
+    assert notebook.load(directory, frames=False).states == rows

@@ -10,9 +10,11 @@ import shutil
 from pathlib import Path
 
 import pytest
+from ccscope.ccstate.changes import StateChange
+from ccscope.ccstate.cubic import CubicState
 from ccscope.errors import UsageError
-from ccscope.scenario import document, plots, report, results
-from ccscope.scenario.recorder import CSV_HEADER
+from ccscope.scenario import document, plots, report, results, series
+from ccscope.scenario.recorder import CSV_HEADER, write_state_csv
 from ccscope_testkit.prereqs import ROOT
 
 FIXTURE = ROOT / "tests" / "data" / "results-fixture"
@@ -138,3 +140,29 @@ def test_a_written_document_has_the_typed_shape() -> None:
         assert document.RunResult.__required_keys__ <= set(run) <= set(document.RunResult.__annotations__)
         for flow in run["flows"]:
             assert document.FlowResult.__required_keys__ <= set(flow) <= set(document.FlowResult.__annotations__)
+
+
+def test_state_of_a_flow_is_written_read_and_drawn(copy: Path) -> None:
+    """A flow's state CSV (recorder.write_state_csv), as a run writes it, in a document from before there was one:
+    the report reads it back (series.load_series) and draws state.png from it; the other plots stay as they were."""
+    doc = json.loads((copy / "results.json").read_text())
+    run = next(r for r in doc["runs"] if r["repetition"] == min(x["repetition"] for x in doc["runs"]))
+    flow = run["flows"][0]
+    t0 = 100.0
+
+    def cubic(t: float, wmax: int, in_epoch: bool, periodic: bool = False) -> StateChange:
+        return StateChange(1, int((t0 + t) * 1e9), CubicState(wmax, 1.25, wmax, in_epoch, 0, 40, 28, False, 1),
+                           periodic)
+    flow["state_csv"] = write_state_csv(copy, "state_of_bulk0.csv", [
+        cubic(0.5, 0, False), cubic(1.0, 40, False), cubic(1.02, 40, True), cubic(1.2, 40, True, periodic=True)], t0)
+    (copy / "results.json").write_text(json.dumps(doc))
+    loaded = results.load(copy)
+    text = (copy / flow["state_csv"]).read_text().splitlines()
+    assert text[0].startswith("time_s,event,algorithm,wmax_segments,k_s,")
+    assert text[-1].startswith("1.2000,reading,cubic,40,1.25,")
+    read = series.load_series(copy, loaded)[flow["state_csv"]]
+    assert read["wmax_segments"] == ([0.5, 1.0, 1.02, 1.2], [0.0, 40.0, 40.0, 40.0])
+    assert read["in_epoch"][1] == [0.0, 0.0, 1.0, 1.0]
+    page = report.render(copy, loaded).read_text()
+    assert sorted(p.name for p in (copy / "plots").iterdir()) == sorted([*PLOTS, "state.png"])
+    assert "<img src='plots/state.png'" in page

@@ -14,7 +14,7 @@ import ssl
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import orjson
@@ -25,7 +25,7 @@ from .attribution import UNATTRIBUTED, Attributor, LabelOptions
 from .bpf_types import EVENT_NAMES, Counter
 from .cc.provide import shown_names
 from .ccstate.decoders import AlgorithmState
-from .ccstate.probe import StateProbe, open_optional
+from .ccstate.probe import StateProbe, optional_state
 from .ccstate.trace_lines import TracedFlows
 from .errors import CcscopeError, PrerequisiteError, UsageError
 from .exporter import FlowCollector
@@ -254,23 +254,13 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     return 0
 
 
-@contextlib.contextmanager
 def _algorithm_state(options: ProbeOptions, probe: TelemetryProbe, wanted: bool = True
-                     ) -> Iterator[StateProbe | None]:
+                     ) -> contextlib.AbstractContextManager[StateProbe | None]:
     """Each algorithm's own state beside the telemetry, where this kernel loads it; else one warning line and
     flows without it."""
     if not wanted:
-        yield None
-        return
-    state_probe, why = open_optional(options.max_flows, options.sample_interval_ns, probe.libbpf)
-    if why:
-        print(f"ccscope: warning: no algorithm state (BBR's mode, CUBIC's W_max): {why}", file=sys.stderr,
-              flush=True)
-    try:
-        yield state_probe
-    finally:
-        if state_probe:
-            state_probe.close()
+        return contextlib.nullcontext()
+    return optional_state(options.max_flows, options.sample_interval_ns, probe.libbpf)
 
 
 def _metrics_server(args: argparse.Namespace, registry: CollectorRegistry, live, host: str | None, port: int | None,

@@ -5,6 +5,7 @@
     r.samples   # every flow's telemetry samples: run, profile, algorithm, flow, time_s, cwnd_segments, srtt_ms, ...
     r.runs      # one row per flow of every run: goodput_bps, retransmits, srtt_ms_p95, ...
     r.summary   # the report's summary rows, statistics flattened (goodput_bps_mean, goodput_bps_ci95, ...)
+    r.states    # each flow's algorithm state at every change and reading: mode, wmax_segments, k_s, ...
     r.document  # results.json itself
 
 With pandas installed each table is a DataFrame; without, a list of dicts (one per row). The columns are
@@ -29,6 +30,7 @@ class Results:
     samples: Any  # pandas.DataFrame, or list[dict] without pandas
     runs: Any
     summary: Any
+    states: Any
 
 
 def load(directory: str | Path, frames: bool | None = None) -> Results:
@@ -36,7 +38,7 @@ def load(directory: str | Path, frames: bool | None = None) -> Results:
     DataFrames when pandas is installed (None)."""
     path = Path(directory)
     doc = store.load(path)
-    tables = {"samples": export.samples(path, doc), "runs": export.runs(doc), "summary": export.summary(doc)}
+    tables = export.tables(path, doc)
     if frames is None or frames:
         try:
             import pandas

@@ -22,6 +22,7 @@ class StateChange:
     cookie: int
     time_ns: int  # bpf_ktime_get_ns() of the copy (CLOCK_MONOTONIC)
     state: AlgorithmState
+    periodic: bool = False  # a reading of the state between changes (the recorder's), not a change
 
 
 class ChangeReader:

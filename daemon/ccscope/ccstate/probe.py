@@ -7,8 +7,10 @@ through bpf_rdonly_cast (Linux >= 6.2, no call) and through the helper bpf_skc_t
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
-from collections.abc import Callable, Iterable
+import sys
+from collections.abc import Callable, Iterable, Iterator
 from importlib import resources
 from pathlib import Path
 
@@ -129,3 +131,19 @@ def open_optional(max_flows: int, interval_ns: int, libbpf: Libbpf | None = None
         probe.close()
         return None, error.line()
     return probe, None
+
+
+@contextlib.contextmanager
+def optional_state(max_flows: int, interval_ns: int, libbpf: Libbpf | None, where: str = ""
+                   ) -> Iterator[StateProbe | None]:
+    """The state probe while the block runs, or None after one warning line that says why (`where`: what goes
+    without it, as " in the results")."""
+    probe, why = open_optional(max_flows, interval_ns, libbpf)
+    if why:
+        print(f"ccscope: warning: no algorithm state (BBR's mode, CUBIC's W_max){where}: {why}", file=sys.stderr,
+              flush=True)
+    try:
+        yield probe
+    finally:
+        if probe:
+            probe.close()

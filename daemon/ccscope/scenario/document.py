@@ -55,6 +55,7 @@ class FlowResult(TypedDict):
     view: NotRequired[str | None]          # real paths: "sender" or "receiver" (realrun.py)
     sender_host: NotRequired[str]
     receiver_csv: NotRequired[str]
+    state_csv: NotRequired[str]            # the algorithm's state at each change
 
 
 class DownloadResult(TypedDict):

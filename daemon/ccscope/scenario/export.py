@@ -5,6 +5,9 @@
 - runs: one row per flow (and download) of every run: the run's identity and totals, then the flow's
   numbers from results.json, nested statistics flattened (srtt_ms.p95 -> srtt_ms_p95).
 - summary: results.json's summary rows, each statistic flattened (goodput_bps.ci95 -> goodput_bps_ci95).
+- states: one row per algorithm-state row of every flow that has one (its state CSV: each change, and the
+  readings between), with the same identity in front; a column per state key of any algorithm, null where a
+  row's algorithm has none.
 
 Column types follow the values: integers, floats or text; an empty CSV cell is null. `ccscope export`
 writes them as CSV (no extra needed) or Parquet (pyarrow, the `export` extra), each file atomically
@@ -31,7 +34,8 @@ Row = dict[str, Any]
 FORMATS = ("csv", "parquet")
 RUN_KEYS = ("label", "profile", "algorithms", "repetition")
 _INTEGER = re.compile(r"^-?\d+$")
-_SKIPPED = frozenset({"iperf3", "csv"})  # iperf3's raw report stays in results.json; csv is the samples
+_SKIPPED = frozenset({"iperf3", "csv", "state_csv"})  # iperf3's report stays in results.json; the CSVs are tables
+STATE_TEXT_COLUMNS = frozenset({"event", "algorithm", "mode"})
 
 
 def samples(directory: Path, doc: dict) -> list[Row]:
@@ -52,12 +56,29 @@ def samples(directory: Path, doc: dict) -> list[Row]:
     return typed(rows)
 
 
-def _checked_rows(text: str, where: str) -> Iterable[dict[str, str]]:
+def states(directory: Path, doc: dict) -> list[Row]:
+    """Every flow's state CSV rows, each with its run and flow in front (see the module doc)."""
+    rows: list[Row] = []
+    for i, run in enumerate(doc["runs"]):
+        for j, flow in enumerate(run["flows"]):
+            if flow.get("state_csv") is None:
+                continue
+            where = f"results.json: runs[{i}].flows[{j}].state_csv"
+            text = confined.read_text(directory, flow["state_csv"], where, confined.MAX_CSV_BYTES)
+            if text is None:
+                raise UsageError(f"{directory}/{flow['state_csv']}: missing ({where})")
+            head = _identity(run) | {"flow": flow.get("id"), "kind": flow.get("kind")}
+            rows.extend(head | row for row in _checked_rows(text, f"{directory}/{flow['state_csv']}",
+                                                            STATE_TEXT_COLUMNS))
+    return typed(rows)
+
+
+def _checked_rows(text: str, where: str, text_columns: frozenset[str] = CSV_TEXT_COLUMNS) -> Iterable[dict[str, str]]:
     """A CSV's rows, every number column holding a finite number (an integer within 64 bits) or nothing:
     what the report refuses is refused here too, one line naming the file, line and column."""
     for line, row in enumerate(results.csv_rows(text, where), start=2):
         for column, cell in row.items():
-            if cell and column not in CSV_TEXT_COLUMNS and not _finite_cell(cell):
+            if cell and column not in text_columns and not _finite_cell(cell):
                 shown = cell if len(cell) <= 30 else cell[:27] + "..."
                 raise UsageError(f"{where}: line {line}: {column} {shown!r} is not a number the tables can hold")
         yield row
@@ -143,13 +164,17 @@ def _widen(kind: type, text: str) -> type:
     return str
 
 
-def tables(directory: Path) -> dict[str, list[Row]]:
-    doc = store.load(directory)  # with the runs only the journal holds, as report and --resume read it
-    return {"samples": samples(directory, doc), "runs": runs(doc), "summary": summary(doc)}
+def tables(directory: Path, doc: dict | None = None) -> dict[str, list[Row]]:
+    """Every table of a results directory (its document: store.load's, with the runs only the journal holds,
+    as report and --resume read it)."""
+    doc = store.load(directory) if doc is None else doc
+    return {"samples": samples(directory, doc), "runs": runs(doc), "summary": summary(doc),
+            "states": states(directory, doc)}
 
 
 def export(directory: Path, fmt: str, out: Path) -> dict[str, Path]:
-    """Writes each table to OUT/<name>.<fmt>; returns the files. OUT is created if missing."""
+    """Writes each table with rows to OUT/<name>.<fmt> (states: only for runs that recorded one); returns the
+    files. OUT is created if missing."""
     if fmt not in FORMATS:
         raise UsageError(f"--format {fmt!r}: use one of {', '.join(FORMATS)}")
     writer = _csv_bytes if fmt == "csv" else _parquet_bytes()
@@ -160,6 +185,8 @@ def export(directory: Path, fmt: str, out: Path) -> dict[str, Path]:
         raise UsageError(f"{out}: cannot create the output directory: {err.strerror}") from None
     written = {}
     for name, rows in built.items():
+        if not rows:
+            continue
         written[name] = out / f"{name}.{fmt}"
         try:
             write_atomic(written[name], writer(rows))

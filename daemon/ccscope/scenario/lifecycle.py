@@ -20,7 +20,7 @@ from . import analysis, linkmeter, results
 from .document import RunResult
 from .environment import now_iso
 from .progress import Progress
-from .recorder import FlowSeries, Recorder, write_flow_csv, write_ping_csv
+from .recorder import FlowSeries, Recorder, write_flow_csv, write_ping_csv, write_state_csv
 from .spec import Scenario, mix_label
 from .traffic import FETCH_PORT, BulkFlow, TrafficResult
 
@@ -132,6 +132,8 @@ def _bulk_entry(record: RunResult, session: Session, unit, t0: float, path: Open
                   "algorithm_iperf3": flow.iperf.get("sender_tcp_congestion"), **path.describe(views)})
     if sender is not None:
         entry["csv"] = write_flow_csv(session.out, f"{name}.csv", sender, t0)
+        if sender.states:
+            entry["state_csv"] = write_state_csv(session.out, f"{name}_state.csv", sender.states, t0)
     else:
         # no sender series: a socket this host only received on has cwnd/srtt that are not the algorithm's;
         # iperf3 says what the sender ran, and its report gives the goodput

@@ -176,11 +176,10 @@ def _checks(parts: list[Part]) -> dict:
 def _files(part: Part) -> list[str]:
     """The files inside a shard that its runs name (per-flow and ping CSVs), each checked to stay inside."""
     names = []
-    for run in part.doc["runs"]:
-        for item in [*run["flows"], *run["downloads"], run.get("ping") or {}]:
-            if item.get("csv"):
-                confined.inside(part.directory, item["csv"], f"{part.directory}/results.json: {run['label']}")
-                names.append(item["csv"])
+    for i, run in enumerate(part.doc["runs"]):
+        for where, name in results.run_files(run, i):
+            confined.inside(part.directory, name, f"{part.directory}/{where}")
+            names.append(name)
     return names
 
 

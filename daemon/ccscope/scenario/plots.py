@@ -10,6 +10,8 @@ from pathlib import Path
 
 import matplotlib
 
+from ccscope.ccstate.bbr import MODES
+
 from . import models
 from .series import Series, first_runs
 from .store import write_atomic
@@ -82,6 +84,69 @@ def plot_timeseries(directory: Sink, doc: dict, series: Series, column: str, yla
     fig.suptitle(f"{doc['scenario']['name']}: {title} (first run of each)", fontsize=11)
     fig.tight_layout()
     return _save(fig, directory, name) if drew else _discard(fig)
+
+
+MODE_COLORS = ("#fdd49e", "#c6dbef", "#e5f5e0", "#fcbba1")  # BBR's startup, drain, probe_bw, probe_rtt
+MAX_STATE_PANELS = 12  # flows with a state in one figure
+
+
+def plot_state(directory: Sink, doc: dict, series: Series) -> str | None:
+    """Why the window moves: per flow with a recorded state (first runs), CUBIC's cwnd under its W_max with K
+    marked after each epoch's start, or BBR's bandwidth estimate against the delivery rate over its modes."""
+    panels = [(run, flow) for run in first_runs(doc) for flow in run["flows"]
+              if flow.get("state_csv") and series.get(flow["state_csv"])][:MAX_STATE_PANELS]
+    if not panels:
+        return None
+    fig, axes = plt.subplots(len(panels), 1, figsize=(10, 3.2 * len(panels)), squeeze=False)
+    for ax, (run, flow) in zip(axes[:, 0], panels, strict=True):
+        state, samples = series[flow["state_csv"]], series.get(flow.get("csv") or "", {})
+        if "mode" in state:
+            _draw_bbr(ax, state, samples)
+        else:
+            _draw_cubic(ax, state, samples, color(flow["algorithm"]))
+        ax.set_title(f"{run['profile']}: {flow['id']} ({flow['algorithm']}, run {run['algorithms']})", fontsize=9,
+                     loc="left")
+        ax.grid(alpha=0.3)
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize=8, loc="upper right", ncol=3)
+    axes[-1, 0].set_xlabel("time since the run started (s)")
+    fig.suptitle(f"{doc['scenario']['name']}: each algorithm's own state (first run of each)", fontsize=11)
+    fig.tight_layout()
+    return _save(fig, directory, "state.png")
+
+
+def _draw_cubic(ax, state: dict, samples: dict, line_color: str) -> None:
+    xs, ys = samples.get("cwnd_segments", ([], []))
+    ax.plot(xs, ys, color=line_color, lw=1.1, label="cwnd")
+    wx, wy = state.get("wmax_segments", ([], []))
+    wy = [w or math.nan for w in wy]  # none before the first loss (and after an RTO)
+    ax.step(wx, wy, where="post", color="#444444", ls="--", lw=1.0, label="W_max (set at each loss)")
+    ex, epoch = state.get("in_epoch", ([], []))
+    kx, ks = state.get("k_s", ([], []))
+    k_at = dict(zip(kx, ks, strict=True))
+    wmax_at = dict(zip(wx, wy, strict=True))
+    starts = [t for i, (t, e) in enumerate(zip(ex, epoch, strict=True))
+              if e and (i == 0 or not epoch[i - 1]) and not math.isnan(wmax_at.get(t, math.nan))]
+    for n, t in enumerate(starts):  # K: when the cubic regains W_max, counted from the epoch's start
+        ax.axvline(t + k_at.get(t, 0.0), color="#444444", ls=":", lw=0.8, label=None if n else "epoch start + K")
+    ax.set_ylabel("segments")
+
+
+def _draw_bbr(ax, state: dict, samples: dict) -> None:
+    mx, modes = state["mode"]
+    end = max([*samples.get("delivery_rate_mbps", ([0.0], []))[0], *mx])
+    shown = set()
+    for i, (t, mode) in enumerate(zip(mx, modes, strict=True)):
+        until = mx[i + 1] if i + 1 < len(mx) else end
+        name = MODES[int(mode)]
+        ax.axvspan(t, until, color=MODE_COLORS[int(mode)], lw=0, label=None if name in shown else name)
+        shown.add(name)
+    xs, ys = samples.get("delivery_rate_mbps", ([], []))
+    ax.plot(xs, ys, color=color("bbr"), lw=1.0, alpha=0.8, label="delivery rate")
+    bx, bw = state.get("bandwidth_Bps", ([], []))
+    ax.step(bx, [b * 8 / 1e6 for b in bw], where="post", color="#444444", ls="--", lw=1.0,
+            label="bandwidth estimate")
+    ax.set_ylabel("Mbit/s")
 
 
 def plot_tradeoff(directory: Sink, doc: dict) -> str | None:
@@ -318,5 +383,5 @@ def draw_all(sink: Sink, doc: dict, series: Series) -> list[str]:
                         "throughput.png", "throughput"),
         plot_timeseries(sink, doc, series, "srtt_ms", "RTT (ms): srtt lines, ping dots", "rtt.png", "RTT",
                         with_ping=True),
-        plot_tradeoff(sink, doc), plot_shares(sink, doc), plot_harm(sink, doc),
+        plot_state(sink, doc, series), plot_tradeoff(sink, doc), plot_shares(sink, doc), plot_harm(sink, doc),
         plot_loss(sink, doc), plot_downloads(sink, doc)) if p]

@@ -1,13 +1,16 @@
-"""BPF time series of the flows in one namespace, from the ring buffer of per-flow samples."""
+"""BPF time series of the flows in one namespace, from the ring buffer of per-flow samples, and each flow's
+algorithm state changes (ccstate/changes.py) where the state probe runs."""
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from ccscope.ccstate.changes import ChangeReader, StateChange
 from ccscope.flows import decode
 from ccscope.sample import Sample
 
@@ -59,6 +62,25 @@ def write_ping_csv(out: Path, name: str, ping: list[tuple[float, float]], t0: fl
     return f"flows/{name}"
 
 
+def write_state_csv(out: Path, name: str, changes: list[StateChange], t0: float) -> str:
+    """flows/NAME: a flow's algorithm state at each change (the decoder's as_dict(), a column per key, blank
+    where a row's algorithm has no such key), time from the run's start; the relative path."""
+    rows = [{"time_s": f"{c.time_ns / 1e9 - t0:.4f}", "event": "reading" if c.periodic else "change",
+             **c.state.as_dict()} for c in changes]
+    header = list(dict.fromkeys(key for row in rows for key in row))
+    lines = [",".join(header)] + [",".join(_cell(row.get(key)) for key in header) for row in rows]
+    (out / "flows" / name).write_text("\n".join(lines) + "\n")
+    return f"flows/{name}"
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return str(int(value))
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
 def csv_text(samples: list[Sample], t0: float, throughput_bps: list[float | None]) -> str:
     rows = [",".join(CSV_HEADER)]
     rows += [",".join(str(get(s, s.t - t0, bps)) for _, get in CSV_COLUMNS)
@@ -74,6 +96,7 @@ class FlowSeries:
     dst: str
     dport: int
     samples: list[Sample]
+    states: list[StateChange] = field(default_factory=list)  # each change of its algorithm's state
 
     @property
     def cc(self) -> str:
@@ -81,24 +104,67 @@ class FlowSeries:
         return ccs[-1] if ccs else "unknown"
 
 
-class Recorder:
-    """Polls the probe's ring buffer in a thread; keeps the samples of the watched namespace."""
+MAX_UNMATCHED = 1024  # flows whose state changes wait for their first sample (or are of other namespaces)
+# Between changes the state is read this often: BBR's bandwidth estimate and gains move within a mode, CUBIC's
+# Reno estimate within an epoch (the throughput window's period: each plotted point has a reading near it).
+STATE_READING_S = THROUGHPUT_WINDOW_S
 
-    def __init__(self, probe, listener: Callable | None = None) -> None:
+
+class Recorder:
+    """Polls the probe's ring buffer (and the state probe's, if given) in a thread; keeps the samples and state
+    changes of the watched namespace."""
+
+    def __init__(self, probe, listener: Callable | None = None, state_probe=None) -> None:
         """`listener` also gets the watched namespace's raw samples (the live page)."""
         self._probe = probe
         self._listener = listener
         self._lock = threading.Lock()
         self._netns: int | None = None
         self._flows: dict[int, FlowSeries] = {}
+        self._unmatched: OrderedDict[int, list[StateChange]] = OrderedDict()
         self._stop = threading.Event()
         self._ring = probe.ring_buffer(self._on_samples)
+        self._changes = state_probe.changes(self._on_changes) if state_probe else None
+        self._reader = ChangeReader()
+        self._state_probe = state_probe
         self._thread = threading.Thread(target=self._poll, name="ccscope-recorder", daemon=True)
         self._thread.start()
 
     def _poll(self) -> None:
+        next_reading = time.monotonic()
         while not self._stop.is_set():
             self._ring.poll(50)
+            if self._changes:
+                self._changes.poll(0)
+                if time.monotonic() >= next_reading:
+                    next_reading = time.monotonic() + STATE_READING_S
+                    self._read_states()
+
+    def _read_states(self) -> None:
+        """The state of each watched flow that sent in the last second (a closed or idle flow's is its last)."""
+        now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)  # bpf_ktime_get_ns()'s clock
+        with self._lock:
+            cookies = [cookie for cookie, series in self._flows.items()
+                       if series.samples and now / 1e9 - series.samples[-1].t < 1.0]
+        states = self._state_probe.states(cookies) if cookies else {}
+        with self._lock:
+            for cookie, state in states.items():
+                if (series := self._flows.get(cookie)) is not None:
+                    series.states.append(StateChange(cookie, now, state, periodic=True))
+
+    def _on_changes(self, records: list[bytes]) -> None:
+        """A change is the flow's if the flow is watched; one not met yet waits for its first sample (the
+        kernel copies the state on the segment whose sample may come in the next poll)."""
+        with self._lock:
+            for change in self._reader.read(records):
+                series = self._flows.get(change.cookie)
+                if series is not None:
+                    series.states.append(change)
+                    continue
+                self._unmatched.setdefault(change.cookie, []).append(change)
+                self._unmatched.move_to_end(change.cookie)
+                if len(self._unmatched) > MAX_UNMATCHED:
+                    self._unmatched.popitem(last=False)
 
     def _on_samples(self, raws: list) -> None:
         for raw in raws:
@@ -114,13 +180,14 @@ class Recorder:
             series = self._flows.get(flow.cookie)
             if series is None:
                 series = self._flows[flow.cookie] = FlowSeries(flow.cookie, flow.src, flow.sport, flow.dst,
-                                                               flow.dport, [])
+                                                               flow.dport, [], self._unmatched.pop(flow.cookie, []))
             series.samples.append(Sample.of(flow))
 
     def start(self, netns: int) -> None:
         with self._lock:
             self._flows = {}
             self._netns = netns
+            self._unmatched.clear()
 
     def stop(self) -> dict[int, FlowSeries]:
         """Samples since start(), per socket cookie, in time order."""
@@ -129,9 +196,12 @@ class Recorder:
             flows, self._flows, self._netns = self._flows, {}, None
         for series in flows.values():
             series.samples.sort(key=lambda s: s.t)
+            series.states.sort(key=lambda c: c.time_ns)
         return flows
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=2)
         self._ring.close()
+        if self._changes:
+            self._changes.close()

@@ -58,7 +58,9 @@ _FLOW = {"type": "object",
                         "segments_sent": {"type": NUM},
                         # optional, real paths: whose series it is (realrun.py)
                         "view": {"enum": ["sender", "receiver", None]}, "sender_host": {"type": "string"},
-                        "receiver_csv": {"type": "string"}}}
+                        "receiver_csv": {"type": "string"},
+                        # optional: the algorithm's state at each change (recorder.write_state_csv)
+                        "state_csv": {"type": "string"}}}
 _DOWNLOAD = {"type": "object",
              "required": ["id", "size_bytes", "complete", "completion_time_s", "received_bytes", "algorithm"],
              "properties": {"id": {"type": "string"}, "size_bytes": {"type": "integer"},
@@ -318,6 +320,20 @@ def _first_difference(a: Any, b: Any, path: str) -> str | None:
                 return problem
         return None
     return None if a == b else f"{path}: {_short(a)} there, {_short(b)} now"
+
+
+FLOW_FILES = ("csv", "receiver_csv", "state_csv")  # a bulk flow's files (a download's and ping's: csv)
+
+
+def run_files(run: dict, i: int) -> Iterator[tuple[str, str]]:
+    """Each file run `i` of a document names, with where it is named ("results.json: runs[0].flows[1].csv")."""
+    for kind, keys in (("flows", FLOW_FILES), ("downloads", ("csv",))):
+        for j, item in enumerate(run[kind]):
+            for key in keys:
+                if item.get(key) is not None:
+                    yield f"results.json: runs[{i}].{kind}[{j}].{key}", item[key]
+    if run.get("ping") and run["ping"].get("csv") is not None:
+        yield f"results.json: runs[{i}].ping.csv", run["ping"]["csv"]
 
 
 def planned(doc: dict) -> list[str]:

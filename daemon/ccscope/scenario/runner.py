@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from ccscope.cc import registry
 from ccscope.cc.provide import check_forced, providable, provided
+from ccscope.ccstate.probe import optional_state
 from ccscope.errors import Interrupted, PrerequisiteError, UsageError
 from ccscope.exporter import FlowCollector
 from ccscope.flows import FlowFilter, FlowSelection, FlowTable
@@ -292,15 +293,19 @@ def _endpoint(options: Options) -> Iterator[Endpoint | None]:
 
 @contextlib.contextmanager
 def _telemetry(scenario: Scenario, endpoint: Endpoint | None):
-    """The BPF probe and recorder for the runs; their flows on the endpoint while it is open."""
+    """The BPF probe and recorder for the runs (with each flow's algorithm state, where this kernel loads its
+    program: else one warning line); their flows on the endpoint while it is open."""
     probe_options = ProbeOptions(emit_samples=True, sample_interval_ns=int(scenario.sample_interval_s * 1e9))
-    with TelemetryProbe(probe_options) as probe:
+    state_options = (probe_options.max_flows, probe_options.sample_interval_ns)
+    with TelemetryProbe(probe_options) as probe, \
+            optional_state(*state_options, probe.libbpf, " in the results") as state_probe:
         table = FlowTable(probe, grace_s=5.0)
-        collector = FlowCollector(table, FlowSelection("all"), FlowFilter(netns={0}))
+        collector = FlowCollector(table, FlowSelection("all"), FlowFilter(netns={0}),
+                                  states=state_probe.states if state_probe else None)
         if endpoint:
             endpoint.registry.register(collector)
             endpoint.hub.set_table_source(table_source(probe, lambda: collector.filter))
-        recorder = Recorder(probe, listener=endpoint.hub.on_sample if endpoint else None)
+        recorder = Recorder(probe, listener=endpoint.hub.on_sample if endpoint else None, state_probe=state_probe)
         try:
             yield recorder, collector
         finally:

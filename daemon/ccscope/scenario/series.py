@@ -8,20 +8,26 @@ import math
 import sys
 from pathlib import Path
 
+from ccscope.ccstate.bbr import MODES
 from ccscope.errors import UsageError
 
 from . import confined
-from .results import csv_rows
+from .results import csv_rows, run_files
 
-PLOTTED_COLUMNS = ("cwnd_segments", "throughput_mbps", "srtt_ms", "rtt_ms")
+PLOTTED_COLUMNS = ("cwnd_segments", "throughput_mbps", "srtt_ms", "rtt_ms", "delivery_rate_mbps")
+# of a state CSV (recorder.write_state_csv): CUBIC's W_max, K and epoch; BBR's bandwidth estimate; and BBR's mode,
+# read as its number (bbr.MODES)
+STATE_COLUMNS = ("wmax_segments", "k_s", "in_epoch", "bandwidth_Bps")
 Series = dict[str, dict[str, tuple[list[float], list[float]]]]  # csv path -> column -> (times, values)
 
 
 def load_series(directory: Path, doc: dict) -> Series:
     """The plotted columns of every CSV the plots use; checks every CSV path in the document."""
     plotted = set()
+    states = set()
     for run in first_runs(doc):
         plotted.update(f["csv"] for f in [*run["flows"], *run["downloads"]] if f.get("csv"))
+        states.update(f["state_csv"] for f in run["flows"] if f.get("state_csv"))
         if run.get("ping") and run["ping"].get("csv"):
             plotted.add(run["ping"]["csv"])
     plots = directory / "plots"
@@ -30,22 +36,18 @@ def load_series(directory: Path, doc: dict) -> Series:
     out: Series = {}
     for where, path in _csv_paths(doc):
         confined.inside(directory, path, where)
-        if path in plotted and path not in out:
+        if (path in plotted or path in states) and path not in out:
             text = confined.read_text(directory, path, where, confined.MAX_CSV_BYTES)
             if text is None:
                 print(f"ccscope: note: {path} is missing; its flow is not plotted", file=sys.stderr)
-            out[path] = _parse_csv(text or "", f"{directory}/{path}")
+            parse = _parse_state_csv if path in states else _parse_csv
+            out[path] = parse(text or "", f"{directory}/{path}")
     return out
 
 
 def _csv_paths(doc: dict):
     for i, run in enumerate(doc["runs"]):
-        for kind in ("flows", "downloads"):
-            for j, flow in enumerate(run[kind]):
-                if flow.get("csv") is not None:
-                    yield f"results.json: runs[{i}].{kind}[{j}].csv", flow["csv"]
-        if run.get("ping") and run["ping"].get("csv") is not None:
-            yield f"results.json: runs[{i}].ping.csv", run["ping"]["csv"]
+        yield from run_files(run, i)
 
 
 def _parse_csv(text: str, where: str) -> dict[str, tuple[list[float], list[float]]]:
@@ -55,6 +57,22 @@ def _parse_csv(text: str, where: str) -> dict[str, tuple[list[float], list[float
             if row.get(key) not in (None, ""):
                 columns[key][0].append(_number(row.get("time_s"), where, line, "time_s"))
                 columns[key][1].append(_number(row[key], where, line, key))
+    return {key: values for key, values in columns.items() if values[0]}
+
+
+def _parse_state_csv(text: str, where: str) -> dict[str, tuple[list[float], list[float]]]:
+    columns: dict[str, tuple[list[float], list[float]]] = {key: ([], []) for key in (*STATE_COLUMNS, "mode")}
+    for line, row in enumerate(csv_rows(text, where), start=2):
+        t = _number(row.get("time_s"), where, line, "time_s")
+        for key in STATE_COLUMNS:
+            if row.get(key) not in (None, ""):
+                columns[key][0].append(t)
+                columns[key][1].append(_number(row[key], where, line, key))
+        if row.get("mode") not in (None, ""):
+            if row["mode"] not in MODES:
+                raise UsageError(f"{where}: line {line}: mode {row['mode'][:40]!r} is not one of BBR's modes")
+            columns["mode"][0].append(t)
+            columns["mode"][1].append(float(MODES.index(row["mode"])))
     return {key: values for key, values in columns.items() if values[0]}
 
 
