@@ -39,11 +39,11 @@ $(BPF_OBJ): bpf/ccscope.bpf.c bpf/ccscope.h bpf/core_min.h bpf/tcp_probe_builds.
 	@mkdir -p $(dir $@)
 	$(CLANG) $(BPF_CFLAGS) -c $< -o $@
 
-$(STATE_OBJ): bpf/ccstate.bpf.c bpf/ccstate.h bpf/core_cc.h bpf/core_min.h bpf/tcp_probe_builds.h
+$(STATE_OBJ): bpf/ccstate.bpf.c bpf/ccstate.h bpf/core_cc.h bpf/core_min.h bpf/tcp_probe_builds.h bpf/cc/cc_state.h
 	@mkdir -p $(dir $@)
 	$(CLANG) $(BPF_CFLAGS) -c $< -o $@
 
-daemon/ccscope/bpf/cc/%.bpf.o: bpf/cc/%.bpf.c bpf/cc/cc_common.h bpf/core_min.h
+daemon/ccscope/bpf/cc/%.bpf.o: bpf/cc/%.bpf.c bpf/cc/cc_common.h bpf/cc/cc_state.h bpf/ccstate.h bpf/core_min.h
 	@mkdir -p $(dir $@)
 	$(CLANG) $(BPF_CFLAGS) -c $< -o $@
 

@@ -20,6 +20,7 @@
 #include "core_cc.h"
 #include "ccstate.h"
 #include "tcp_probe_builds.h"
+#include "cc/cc_state.h"
 
 #define GATE_SLOTS 1024
 #define BBR_PROBE_RTT 3
@@ -83,13 +84,27 @@ static __always_inline __u32 change_key(struct tcp_sock *tp, __u32 kind)
 		return BPF_CORE_READ_BITFIELD((struct bbr *)priv, mode) << 1 | idle;
 	if (kind == CCSTATE_CUBIC && bpf_core_type_exists(struct bictcp))
 		return ((struct bictcp *)priv)->last_max_cwnd << 2 | !((struct bictcp *)priv)->epoch_start << 1 | idle;
+	if (kind == CCSTATE_COPA)
+		return ((struct copa *)priv)->slow_start << 3 | ((struct copa *)priv)->direction << 1 | idle;
 	return idle;
 }
 
-static __always_inline __u32 classify(const struct tcp_congestion_ops *ops)
+/* ccscope's own algorithms by the tag they set at init (cc_state.h), whatever their name. */
+static __always_inline __u32 tagged_kind(struct tcp_sock *tp)
+{
+	struct ccscope_ca_tag *tag = (void *)((char *)tp->inet_conn.icsk_ca_priv + CCSCOPE_CA_TAG_OFFSET);
+	__u32 kind = tag->kind;
+
+	if (tag->magic != CCSCOPE_CA_MAGIC || kind < CCSTATE_VEGAS || kind > CCSTATE_COPA)
+		return CCSTATE_NONE;
+	return kind;
+}
+
+static __always_inline __u32 classify(struct tcp_sock *tp, const struct tcp_congestion_ops *ops)
 {
 	char name[8] = {};
 
+	/* the kernel's by name first: struct bbr fills all 104 bytes, the tag's place included */
 	if (!ops || bpf_probe_read_kernel(name, sizeof(name), ops->name) != 0)
 		return CCSTATE_NONE;
 	if (bpf_core_type_exists(struct bbr) && name[0] == 'b' && name[1] == 'b' && name[2] == 'r' && !name[3])
@@ -97,7 +112,7 @@ static __always_inline __u32 classify(const struct tcp_congestion_ops *ops)
 	if (bpf_core_type_exists(struct bictcp) && name[0] == 'c' && name[1] == 'u' && name[2] == 'b' &&
 	    name[3] == 'i' && name[4] == 'c' && !name[5])
 		return CCSTATE_CUBIC;
-	return CCSTATE_NONE;
+	return tagged_kind(tp);
 }
 
 static __always_inline void copy_bbr(struct bbr_state *out, struct tcp_sock *tp, int counted)
@@ -160,6 +175,46 @@ static __always_inline void copy_cubic(struct cubic_state *out, struct tcp_sock 
 	out->snd_ssthresh = tp->snd_ssthresh;
 }
 
+static __always_inline void copy_vegas(struct vegas_state *out, struct tcp_sock *tp)
+{
+	struct vegas *v = (void *)tp->inet_conn.icsk_ca_priv;
+
+	out->base_rtt_us = v->base_rtt_us;
+	out->min_rtt_us = v->min_rtt_us;
+	out->last_rtt_us = v->last_rtt_us;
+	out->last_diff = v->last_diff;
+	out->adjustments = v->adjustments;
+	out->enabled = v->enabled;
+	out->snd_cwnd = tp->snd_cwnd;
+}
+
+static __always_inline void copy_westwood(struct westwood_state *out, struct tcp_sock *tp)
+{
+	struct westwood *w = (void *)tp->inet_conn.icsk_ca_priv;
+
+	out->bw_est = w->bw_est;
+	out->bw_ns_est = w->bw_ns_est;
+	out->rtt_min = w->rtt_min;
+	out->rtt = w->rtt;
+	out->hz = w->hz;
+	out->mss = tp->mss_cache;
+	out->snd_cwnd = tp->snd_cwnd;
+	out->snd_ssthresh = tp->snd_ssthresh;
+}
+
+static __always_inline void copy_copa(struct copa_state *out, struct tcp_sock *tp)
+{
+	struct copa *c = (void *)tp->inet_conn.icsk_ca_priv;
+
+	out->rtt_standing_us = c->rtt_standing.s[0].v;
+	out->rtt_min_us = c->rtt_min;
+	out->velocity_shift = c->velocity_shift;
+	out->direction = c->direction;
+	out->slow_start = c->slow_start;
+	out->same_direction = c->same_direction;
+	out->snd_cwnd = tp->snd_cwnd;
+}
+
 /* The record of this socket, made (or made again, after a change of algorithm) for `kind`. */
 static __noinline struct ccstate *record_for(__u64 cookie, __u32 kind)
 {
@@ -186,7 +241,7 @@ static __noinline int copy(struct tcp_sock *tp, __u64 cookie, __u64 ops, struct 
 	__u64 now;
 
 	if (gate->cookie != cookie || gate->ops != ops)
-		kind = classify((const struct tcp_congestion_ops *)ops);
+		kind = classify(tp, (const struct tcp_congestion_ops *)ops);
 	cfg = bpf_map_lookup_elem(&ccstate_config, &slot);
 	now = bpf_ktime_get_ns();
 	gate->cookie = cookie;
@@ -201,8 +256,14 @@ static __noinline int copy(struct tcp_sock *tp, __u64 cookie, __u64 ops, struct 
 	counted = st->updated_ns != 0; /* a fresh record has nothing to compare with */
 	if (kind == CCSTATE_BBR)
 		copy_bbr(&st->bbr, tp, counted);
-	else
+	else if (kind == CCSTATE_CUBIC)
 		copy_cubic(&st->cubic, tp, counted);
+	else if (kind == CCSTATE_VEGAS)
+		copy_vegas(&st->vegas, tp);
+	else if (kind == CCSTATE_WESTWOOD)
+		copy_westwood(&st->westwood, tp);
+	else
+		copy_copa(&st->copa, tp);
 	st->updated_ns = now;
 	key = change_key(tp, kind);
 	gate->key = key;

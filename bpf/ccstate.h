@@ -11,6 +11,9 @@ enum ccstate_kind {
 	CCSTATE_NONE = 0,  /* an algorithm without a decoder, or whose type this kernel's BTF lacks */
 	CCSTATE_BBR = 1,
 	CCSTATE_CUBIC = 2,
+	CCSTATE_VEGAS = 3, /* ccscope's BPF algorithms (bpf/cc/cc_state.h) */
+	CCSTATE_WESTWOOD = 4,
+	CCSTATE_COPA = 5,
 };
 
 /* tcp_bbr.c's struct bbr, the fields ccscope shows. */
@@ -44,6 +47,41 @@ struct cubic_state {
 	__u8 __pad0[3];
 };
 
+/* ccscope's BPF Vegas (bpf/cc/vegas.bpf.c). */
+struct vegas_state {
+	__u32 base_rtt_us;     /* the connection's minimum RTT; 0x7fffffff before a sample */
+	__u32 min_rtt_us;      /* the minimum of this RTT so far; 0x7fffffff before a sample */
+	__u32 last_rtt_us;     /* the RTT the last adjustment took */
+	__u32 last_diff;       /* packets queued by Vegas's estimate at the last adjustment */
+	__u32 adjustments;
+	__u32 snd_cwnd;
+	__u8 enabled;          /* 0 outside TCP_CA_Open */
+	__u8 __pad0[3];
+};
+
+/* ccscope's BPF Westwood+ (bpf/cc/westwood.bpf.c), in the module's units. */
+struct westwood_state {
+	__u32 bw_est;          /* BWE, bytes per jiffy */
+	__u32 bw_ns_est;       /* its first filter stage */
+	__u32 rtt_min;         /* jiffies */
+	__u32 rtt;             /* jiffies */
+	__u32 hz;              /* the kernel's CONFIG_HZ (1000 if unreadable) */
+	__u32 mss;
+	__u32 snd_cwnd;
+	__u32 snd_ssthresh;
+};
+
+/* ccscope's BPF Copa (bpf/cc/copa.bpf.c). */
+struct copa_state {
+	__u32 rtt_standing_us; /* the standing RTT: the minimum over the last srtt/2 */
+	__u32 rtt_min_us;      /* 0 until the first sample */
+	__u32 snd_cwnd;
+	__u8 velocity_shift;   /* velocity = 1 << velocity_shift */
+	__u8 direction;        /* 0 none, 1 up, 2 down */
+	__u8 slow_start;
+	__u8 same_direction;
+};
+
 #define CCSTATE_BYTES 48
 
 struct ccstate {
@@ -54,6 +92,9 @@ struct ccstate {
 	union {
 		struct bbr_state bbr;
 		struct cubic_state cubic;
+		struct vegas_state vegas;
+		struct westwood_state westwood;
+		struct copa_state copa;
 		__u8 bytes[CCSTATE_BYTES];
 	};
 };

@@ -193,7 +193,8 @@ def test_check_passes_here() -> None:
     # bbr and cubic have their types where this kernel keeps them: vmlinux here (built in), or a loaded
     # module's BTF (issue 28); a module not loaded would be a warning, not ok
     state = next(line for line in result.stdout.splitlines() if line.startswith("algorithm state"))
-    assert re.fullmatch(r"algorithm state +ok +bbr \((vmlinux|module tcp_bbr)\), cubic \((vmlinux|module tcp_cubic)\)",
+    assert re.fullmatch(r"algorithm state +ok +bbr \((vmlinux|module tcp_bbr)\), cubic \((vmlinux|module tcp_cubic)\), "
+                        r"ccscope's BPF vegas, westwood, copa \(by their tag\)",
                         state), state
     # The backend scenarios will get on this kernel: netem where the kernel has it, else the fallback.
     emulation = next(line for line in result.stdout.splitlines() if line.startswith("link emulation"))

@@ -21,6 +21,7 @@
 #include <bpf/bpf_tracing.h>
 #include <bpf/bpf_core_read.h>
 #include "../core_min.h"
+#include "cc_state.h"
 
 /* include/net/tcp.h */
 #define TCP_CA_Open 0
@@ -53,6 +54,15 @@ static __always_inline struct tcp_sock *tcp_sk(const struct sock *sk)
 static __always_inline void *inet_csk_ca(const struct sock *sk)
 {
 	return (void *)((struct inet_connection_sock *)sk)->icsk_ca_priv;
+}
+
+/* The tag by which bpf/ccstate.bpf.c knows this socket's state as ccscope's `kind` (cc_state.h). */
+static __always_inline void cc_tag(struct sock *sk, __u32 kind)
+{
+	struct ccscope_ca_tag *tag = (void *)((char *)inet_csk_ca(sk) + CCSCOPE_CA_TAG_OFFSET);
+
+	tag->magic = CCSCOPE_CA_MAGIC;
+	tag->kind = kind;
 }
 
 /* Sequence-space comparisons, as before()/after() in include/net/tcp.h. */
@@ -94,14 +104,7 @@ static __always_inline __u32 tcp_current_ssthresh(const struct sock *sk)
  * the algorithm of the kernel's lib/win_minmax.c (Kathleen Nichols'): the
  * best, second best and third best samples from successive sub-windows.
  */
-struct cc_minmax_sample {
-	__u32 t;
-	__u32 v;
-};
 
-struct cc_minmax {
-	struct cc_minmax_sample s[3];
-};
 
 static __always_inline __u32 cc_minmax_reset(struct cc_minmax *m, __u32 t, __u32 v)
 {

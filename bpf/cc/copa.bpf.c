@@ -67,22 +67,6 @@ char LICENSE[] SEC("license") = "GPL";
 
 enum { COPA_NONE, COPA_UP, COPA_DOWN };
 
-struct copa {
-	/* Every ACK: these 48 bytes, one cache line on 6.18 (icsk_ca_priv starts 16 bytes into one). */
-	struct cc_minmax rtt_standing;	/* us */
-	__u32 rtt_min;			/* us; 0 until the first RTT sample */
-	__u32 round_min;		/* us: smallest sample of this round */
-	__u32 round_stamp;		/* us: start of this round (one srtt) */
-	__u32 prior_delivered;		/* tp->delivered at the previous ACK */
-	__s32 cwnd_cnt;			/* pending cwnd change, in 1/cwnd packet */
-	__u8 velocity_shift;		/* v = 1 << velocity_shift */
-	__u8 direction;
-	__u8 same_direction;		/* rounds in a row moving in `direction` */
-	__u8 slow_start;
-	/* Once per round. */
-	struct cc_minmax rtt_min_win;	/* us: the rounds' minima over 10 s */
-	__u32 round_cwnd;		/* cwnd at round_stamp */
-};
 
 _Static_assert(__builtin_offsetof(struct copa, rtt_min_win) == 48, "the per-ACK state is one cache line's worth");
 _Static_assert(sizeof(struct copa) <= sizeof(((struct inet_connection_sock *)0)->icsk_ca_priv),
@@ -108,6 +92,7 @@ void BPF_PROG(copa_init, struct sock *sk)
 	struct copa *c = inet_csk_ca(sk);
 
 	__builtin_memset(c, 0, sizeof(*c));
+	cc_tag(sk, CCSTATE_COPA);
 	c->slow_start = 1;
 	c->round_min = COPA_NO_RTT;
 	c->round_cwnd = tp->snd_cwnd;

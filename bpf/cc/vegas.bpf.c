@@ -27,13 +27,6 @@ char LICENSE[] SEC("license") = "GPL";
 #define VEGAS_GAMMA 1
 #define VEGAS_NO_RTT 0x7fffffff
 
-struct vegas {
-	__u32 beg_snd_nxt;	/* right edge of the current RTT's window */
-	__u32 min_rtt_us;	/* minimum RTT sample in this RTT */
-	__u32 base_rtt_us;	/* minimum RTT sample of the connection */
-	__u16 rtt_samples;	/* RTT samples in this RTT */
-	__u8 enabled;		/* 0 outside TCP_CA_Open: Reno rules then */
-};
 
 static __always_inline void vegas_enable(struct sock *sk)
 {
@@ -56,6 +49,7 @@ static __always_inline void vegas_reset(struct sock *sk)
 SEC("struct_ops/vegas_init")
 void BPF_PROG(vegas_init, struct sock *sk)
 {
+	cc_tag(sk, CCSTATE_VEGAS);
 	vegas_reset(sk);
 }
 
@@ -109,6 +103,9 @@ static __always_inline void vegas_adjust(struct sock *sk, __u32 acked)
 	} else if (diff < VEGAS_ALPHA) {
 		tp->snd_cwnd = cwnd + 1;
 	}
+	v->last_rtt_us = rtt;
+	v->last_diff = diff;
+	v->adjustments += 1;
 	if (tp->snd_cwnd < 2)
 		tp->snd_cwnd = 2;
 	else if (tp->snd_cwnd > tp->snd_cwnd_clamp)

@@ -31,19 +31,6 @@ extern unsigned int CONFIG_HZ __kconfig __weak;
 #define WESTWOOD_RTT_MIN (HZ / 20)	/* 50 ms: shortest sampling window */
 #define WESTWOOD_INIT_RTT (20 * HZ)	/* until the first RTT sample */
 
-struct westwood {
-	__u32 bw_ns_est;	/* first filter stage, bytes per jiffy */
-	__u32 bw_est;		/* BWE: second filter stage, bytes per jiffy */
-	__u32 rtt_win_sx;	/* start of the current sampling window (jiffies) */
-	__u32 bk;		/* bytes acknowledged in this window */
-	__u32 snd_una;
-	__u32 cumul_ack;
-	__u32 accounted;	/* bytes credited to dupACKs, not yet covered */
-	__u32 rtt;		/* last RTT sample (jiffies) */
-	__u32 rtt_min;		/* RTTmin (jiffies) */
-	__u8 first_ack;
-	__u8 reset_rtt_min;
-};
 
 static __always_inline __u32 jiffies32(void)
 {
@@ -66,6 +53,8 @@ void BPF_PROG(westwood_init, struct sock *sk)
 {
 	struct westwood *w = inet_csk_ca(sk);
 
+	cc_tag(sk, CCSTATE_WESTWOOD);
+	w->hz = HZ;
 	w->bk = 0;
 	w->bw_ns_est = 0;
 	w->bw_est = 0;

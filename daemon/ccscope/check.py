@@ -120,12 +120,15 @@ def check_algorithm_state() -> Result:
         where = {name: _state_type_where(state_probe.libbpf, struct, module) for name, struct, module in STATE_TYPES}
     finally:
         state_probe.close()
-    found = [f"{name} ({place})" for name, place in where.items() if place]
+    found = [f"{name} ({place})" for name, place in where.items() if place] + [OURS]
     lacking = [f"{name} (its type is in no BTF: load its module, e.g. modprobe {module})"
                for name, _, module in STATE_TYPES if not where[name]]
     if lacking:
         return Result("algorithm state", "warn", f"{', '.join(found) or 'none'}; no state for {', '.join(lacking)}")
     return Result("algorithm state", "ok", ", ".join(found))
+
+
+OURS = "ccscope's BPF vegas, westwood, copa (by their tag)"  # their types are ccscope's own: always readable
 
 
 def check_algorithms() -> Result:

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
-from . import bbr, cubic
+from . import bbr, copa, cubic, vegas, westwood
 from .record import CcState, Kind, StateMetric
 
-AlgorithmState = bbr.BbrState | cubic.CubicState
+AlgorithmState = bbr.BbrState | cubic.CubicState | vegas.VegasState | westwood.WestwoodState | copa.CopaState
 # kind -> (its union member, decode, series); a new algorithm adds one line here and a file of its own
 DECODERS = {
     Kind.BBR: ("bbr", bbr.decode, bbr.METRICS),
     Kind.CUBIC: ("cubic", cubic.decode, cubic.METRICS),
+    Kind.VEGAS: ("vegas", vegas.decode, vegas.METRICS),
+    Kind.WESTWOOD: ("westwood", westwood.decode, westwood.METRICS),
+    Kind.COPA: ("copa", copa.decode, copa.METRICS),
 }
-STATE_TYPES: dict[type, tuple[StateMetric, ...]] = {bbr.BbrState: bbr.METRICS, cubic.CubicState: cubic.METRICS}
+STATE_TYPES: dict[type, tuple[StateMetric, ...]] = {
+    bbr.BbrState: bbr.METRICS, cubic.CubicState: cubic.METRICS, vegas.VegasState: vegas.METRICS,
+    westwood.WestwoodState: westwood.METRICS, copa.CopaState: copa.METRICS}
 
 
 def decode(raw: CcState) -> AlgorithmState | None:

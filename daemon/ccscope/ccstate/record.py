@@ -15,6 +15,9 @@ class Kind(enum.IntEnum):
     NONE = 0
     BBR = 1
     CUBIC = 2
+    VEGAS = 3  # ccscope's BPF algorithms, known by the tag they set (bpf/cc/cc_state.h)
+    WESTWOOD = 4
+    COPA = 5
 
 
 class BbrStateC(ctypes.Structure):
@@ -50,8 +53,47 @@ class CubicStateC(ctypes.Structure):
     ]
 
 
+class VegasStateC(ctypes.Structure):
+    _fields_ = [
+        ("base_rtt_us", u32),
+        ("min_rtt_us", u32),
+        ("last_rtt_us", u32),
+        ("last_diff", u32),
+        ("adjustments", u32),
+        ("snd_cwnd", u32),
+        ("enabled", u8),
+        ("__pad0", u8 * 3),
+    ]
+
+
+class WestwoodStateC(ctypes.Structure):
+    _fields_ = [
+        ("bw_est", u32),
+        ("bw_ns_est", u32),
+        ("rtt_min", u32),
+        ("rtt", u32),
+        ("hz", u32),
+        ("mss", u32),
+        ("snd_cwnd", u32),
+        ("snd_ssthresh", u32),
+    ]
+
+
+class CopaStateC(ctypes.Structure):
+    _fields_ = [
+        ("rtt_standing_us", u32),
+        ("rtt_min_us", u32),
+        ("snd_cwnd", u32),
+        ("velocity_shift", u8),
+        ("direction", u8),
+        ("slow_start", u8),
+        ("same_direction", u8),
+    ]
+
+
 class _StateUnion(ctypes.Union):
-    _fields_ = [("bbr", BbrStateC), ("cubic", CubicStateC), ("bytes", u8 * STATE_BYTES)]
+    _fields_ = [("bbr", BbrStateC), ("cubic", CubicStateC), ("vegas", VegasStateC), ("westwood", WestwoodStateC),
+                ("copa", CopaStateC), ("bytes", u8 * STATE_BYTES)]
 
 
 class CcState(ctypes.Structure):
@@ -73,6 +115,9 @@ class CcStateConfig(ctypes.Structure):
 SHARED_STRUCTS: dict[str, type[ctypes.Structure]] = {
     "bbr_state": BbrStateC,
     "cubic_state": CubicStateC,
+    "vegas_state": VegasStateC,
+    "westwood_state": WestwoodStateC,
+    "copa_state": CopaStateC,
     "ccstate": CcState,
     "ccstate_config": CcStateConfig,
 }

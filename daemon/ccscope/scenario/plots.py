@@ -91,10 +91,11 @@ MAX_STATE_PANELS = 12  # flows with a state in one figure
 
 
 def plot_state(directory: Sink, doc: dict, series: Series) -> str | None:
-    """Why the window moves: per flow with a recorded state (first runs), CUBIC's cwnd under its W_max with K
-    marked after each epoch's start, or BBR's bandwidth estimate against the delivery rate over its modes."""
+    """Why the window moves: per CUBIC or BBR flow with a recorded state (first runs), CUBIC's cwnd under its W_max
+    with K marked after each epoch's start, or BBR's bandwidth estimate against the delivery rate over its modes
+    (ccscope's own algorithms' state is in the state CSVs and the states table, not drawn yet)."""
     panels = [(run, flow) for run in first_runs(doc) for flow in run["flows"]
-              if flow.get("state_csv") and series.get(flow["state_csv"])][:MAX_STATE_PANELS]
+              if {"mode", "wmax_segments"} & set(series.get(flow.get("state_csv") or "", {}))][:MAX_STATE_PANELS]
     if not panels:
         return None
     fig, axes = plt.subplots(len(panels), 1, figsize=(10, 3.2 * len(panels)), squeeze=False)
