@@ -144,13 +144,21 @@ def recovery_windows(out: Path, flow: dict) -> list[tuple[float, float]]:
     return pairs
 
 
+MIN_WINDOW_GAP = 2  # segments between the windows of a pair window_slope takes
+
+
 def window_slope(pairs: list[tuple[float, float]]) -> float:
     """How cwnd after a recovery follows cwnd before it: the Theil-Sen slope (the median of the pairwise
     slopes) over `pairs`, 0.5 for a rule that halves the window (Reno, and Vegas on loss), about 0 for one that
     sets it from a bandwidth estimate whatever the window was (Westwood+). The median, not least squares: the
     last sample before a recovery is sometimes stale (Vegas lowers cwnd by delay between two samples, and
-    then halves what it lowered), and one such point (18 -> 4 of 16) pulled a least-squares slope to 0.21."""
-    slopes = [(b[1] - a[1]) / (b[0] - a[0]) for i, a in enumerate(pairs) for b in pairs[i + 1:] if b[0] != a[0]]
+    then halves what it lowered), and one such point (18 -> 4 of 16) pulled a least-squares slope to 0.21.
+    Only pairs of windows at least MIN_WINDOW_GAP apart: halving in integers gives windows one segment apart the
+    same half for one of two (10 and 11 both give 5), a slope of 0 that says nothing of the rule. A lab run whose
+    windows were mostly 10 and 11 read the kernel's Vegas as 0.0 with every pair, 0.57 without the adjacent ones
+    (BPF Vegas 0.5 either way, Westwood+ 0.0 either way)."""
+    slopes = [(b[1] - a[1]) / (b[0] - a[0]) for i, a in enumerate(pairs) for b in pairs[i + 1:]
+              if abs(b[0] - a[0]) >= MIN_WINDOW_GAP]
     return statistics.median(slopes)
 
 
