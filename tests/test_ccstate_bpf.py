@@ -9,6 +9,7 @@ from __future__ import annotations
 import bisect
 import csv
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 
@@ -127,3 +128,18 @@ def test_copa_minimum_rtt_is_the_kernels(ran) -> None:
         assert kernel_ms - 0.01 <= float(r["rtt_min_s"]) * 1e3 <= kernel_ms + 1.0, (r, kernel_ms)
         assert float(r["rtt_standing_s"]) >= float(r["rtt_min_s"]), r
         assert r["slow_start"] == "0" and r["direction"] in ("up", "down", "none") and int(r["velocity"]) >= 1
+
+
+def test_export_holds_every_state_as_written(ran, tmp_path: Path) -> None:
+    """`ccscope export` of the run, as a user types it: the states table holds each state CSV row, its text
+    (Copa's direction, the event) as text; Copa's direction 'none' was once refused as "not a number"."""
+    out, doc = ran
+    exported = subprocess.run([sys.executable, "-m", "ccscope.cli", "export", str(out), "--format", "csv",
+                               "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert exported.returncode == 0, exported.stderr
+    with (tmp_path / "states.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    written = sum(len((out / f["state_csv"]).read_text().splitlines()) - 1 for r in doc["runs"] for f in r["flows"])
+    assert len(rows) == written
+    assert {r["direction"] for r in rows if r["algorithm"] == "copa"} <= {"none", "up", "down"}
+    assert {r["algorithm"] for r in rows} == {"vegas", "westwood", "copa"}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 from . import bbr, copa, cubic, vegas, westwood
 from .record import CcState, Kind, StateMetric
 
@@ -30,5 +32,8 @@ def decode(raw: CcState) -> AlgorithmState | None:
 def metrics_of(state: AlgorithmState) -> tuple[StateMetric, ...]:
     return STATE_TYPES[type(state)]
 
+
+# the keys of as_dict() that hold text (the rest are numbers, booleans and None): the state CSV's text columns
+TEXT_KEYS = frozenset({"algorithm"} | {f.name for cls in STATE_TYPES for f in fields(cls) if f.type == "str"})
 
 ALL_METRICS: tuple[StateMetric, ...] = tuple(m for _, _, metrics in DECODERS.values() for m in metrics)

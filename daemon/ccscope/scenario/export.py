@@ -27,7 +27,7 @@ from typing import Any
 from ccscope.errors import PrerequisiteError, UsageError
 
 from . import confined, results, store
-from .recorder import CSV_TEXT_COLUMNS
+from .recorder import CSV_TEXT_COLUMNS, STATE_CSV_TEXT_COLUMNS
 from .store import write_atomic
 
 Row = dict[str, Any]
@@ -35,7 +35,6 @@ FORMATS = ("csv", "parquet")
 RUN_KEYS = ("label", "profile", "algorithms", "repetition")
 _INTEGER = re.compile(r"^-?\d+$")
 _SKIPPED = frozenset({"iperf3", "csv", "state_csv"})  # iperf3's report stays in results.json; the CSVs are tables
-STATE_TEXT_COLUMNS = frozenset({"event", "algorithm", "mode"})
 
 
 def samples(directory: Path, doc: dict) -> list[Row]:
@@ -46,13 +45,10 @@ def samples(directory: Path, doc: dict) -> list[Row]:
             for j, flow in enumerate(run[kind]):
                 if flow.get("csv") is None:
                     continue
-                where = f"results.json: runs[{i}].{kind}[{j}].csv"
-                text = confined.read_text(directory, flow["csv"], where, confined.MAX_CSV_BYTES)
-                if text is None:
-                    raise UsageError(f"{directory}/{flow['csv']}: missing ({where})")
                 head = _identity(run) | {"flow": flow.get("id"), "kind": flow.get("kind"),
                                          "algorithm": flow.get("algorithm")}
-                rows.extend(head | row for row in _checked_rows(text, f"{directory}/{flow['csv']}"))
+                rows.extend(head | row for row in _csv_rows(directory, flow["csv"], f"runs[{i}].{kind}[{j}].csv",
+                                                            CSV_TEXT_COLUMNS))
     return typed(rows)
 
 
@@ -63,17 +59,22 @@ def states(directory: Path, doc: dict) -> list[Row]:
         for j, flow in enumerate(run["flows"]):
             if flow.get("state_csv") is None:
                 continue
-            where = f"results.json: runs[{i}].flows[{j}].state_csv"
-            text = confined.read_text(directory, flow["state_csv"], where, confined.MAX_CSV_BYTES)
-            if text is None:
-                raise UsageError(f"{directory}/{flow['state_csv']}: missing ({where})")
             head = _identity(run) | {"flow": flow.get("id"), "kind": flow.get("kind")}
-            rows.extend(head | row for row in _checked_rows(text, f"{directory}/{flow['state_csv']}",
-                                                            STATE_TEXT_COLUMNS))
+            rows.extend(head | row for row in _csv_rows(directory, flow["state_csv"], f"runs[{i}].flows[{j}].state_csv",
+                                                        STATE_CSV_TEXT_COLUMNS))
     return typed(rows)
 
 
-def _checked_rows(text: str, where: str, text_columns: frozenset[str] = CSV_TEXT_COLUMNS) -> Iterable[dict[str, str]]:
+def _csv_rows(directory: Path, path: str, key: str, text_columns: frozenset[str]) -> Iterable[dict[str, str]]:
+    """The checked rows of a CSV that results.json names at `key`; a missing one is one line."""
+    where = f"results.json: {key}"
+    text = confined.read_text(directory, path, where, confined.MAX_CSV_BYTES)
+    if text is None:
+        raise UsageError(f"{directory}/{path}: missing ({where})")
+    return _checked_rows(text, f"{directory}/{path}", text_columns)
+
+
+def _checked_rows(text: str, where: str, text_columns: frozenset[str]) -> Iterable[dict[str, str]]:
     """A CSV's rows, every number column holding a finite number (an integer within 64 bits) or nothing:
     what the report refuses is refused here too, one line naming the file, line and column."""
     for line, row in enumerate(results.csv_rows(text, where), start=2):

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ccscope.ccstate.changes import ChangeReader, StateChange
+from ccscope.ccstate.decoders import TEXT_KEYS
 from ccscope.flows import decode
 from ccscope.sample import Sample
 
@@ -42,6 +43,7 @@ CSV_COLUMNS: tuple[tuple[str, CsvGetter], ...] = (
 )
 CSV_HEADER = tuple(name for name, _ in CSV_COLUMNS)
 CSV_TEXT_COLUMNS = frozenset({"ca_state", "cc"})  # every other column holds numbers
+STATE_CSV_TEXT_COLUMNS = frozenset({"event"}) | TEXT_KEYS  # of write_state_csv's; BBR's mode, Copa's direction
 
 
 THROUGHPUT_WINDOW_S = 0.2  # flent samples throughput every 0.2 s
