@@ -116,6 +116,21 @@ def _assert_state_explains(out: Path, run: dict) -> None:
         assert all(cubic_reduction(wmax, ssthresh) for wmax, ssthresh in losses), (flow["state_csv"], losses)
 
 
+def _assert_goodput_is_iperf3s(flow: dict, duration_s: float) -> None:
+    """iperf3's receiver counts its bytes over a window bounded by control messages that cross the same
+    queue, so the window is the sender's duration plus up to one loaded RTT at each end, and it is not always
+    full of data: on fast-vs-slow's slow path (780 ms srtt p95) three runs gave 30.79 s with the link idle
+    0.8 s of it (iperf3's rate 2.6 % under the link's), and 31.63 s, 31.65 s full (iperf3's rate right).
+    Goodput from bytes_acked lies between the receiver's bytes over its own seconds and over the sender's
+    duration: inside it in those six runs (at its low edge, within 0.01 %, on the fast path, whose receiver
+    window is 39 ms longer), so 2 % either side is margin."""
+    iperf = flow["iperf3"]
+    received_bits = iperf["received_bytes"] * 8
+    low, high = received_bits / iperf["received_seconds"], received_bits / duration_s
+    low, high = min(low, high), max(low, high)
+    assert low * 0.98 <= flow["goodput_bps"] <= high * 1.02, (flow["goodput_bps"], low, high, iperf)
+
+
 def _csv_times(path: Path) -> list[float]:
     with path.open() as fh:
         return [float(row["time_s"]) for row in csv.DictReader(fh)]
@@ -142,8 +157,7 @@ def test_builtin_at_full_duration(ccscope_cmd, tmp_path, host, name):
         assert run["flows"] or not traffic.get("bulk", True)  # goodput for every run with bulk flows
         for flow in run["flows"]:
             assert flow["goodput_bps"] and flow["goodput_bps"] > 0
-            # 0.998-1.002 of iperf3's over the seven built-ins' full runs
-            assert flow["goodput_bps"] == pytest.approx(flow["iperf3"]["goodput_bps"], rel=0.02)
+            _assert_goodput_is_iperf3s(flow, doc["scenario"]["duration_s"])
             assert flow["algorithm_ok"] is True
         _assert_every_report_kept(out, doc, run)
         _assert_state_explains(out, run)
