@@ -95,13 +95,10 @@ def _per(goodput: float, p95: float, ratio: float, share: float | None = None) -
 def test_summary_reuses_solo_runs_as_the_baseline_of_harm() -> None:
     """cubic alone (9 Mbit/s, p95 40 ms, 1 % retransmits) and beside bbr (3 and 4 Mbit/s, 160 ms, 2 %): the
     solo runs the scenario already has are the baseline; no extra run is made."""
-    from types import SimpleNamespace
-
     runs = [_run("cubic", {"cubic": _per(9e6, 40.0, 0.01)}) for _ in range(2)]
     runs += [_run("cubic+bbr", {"cubic": _per(g, 160.0, 0.02, s), "bbr": _per(9e6 - g, 160.0, 0.0, 1 - s)})
              for g, s in ((3e6, 1 / 3), (4e6, 4 / 9))]
-    scenario = SimpleNamespace(profiles={"p": None}, algorithms=[("cubic",), ("cubic", "bbr")])
-    rows = {(r["algorithms"], r["algorithm"]): r for r in analysis.summarize(runs, scenario)}
+    rows = {(r["algorithms"], r["algorithm"]): r for r in analysis.summarize(runs, ["p"], ["cubic", "cubic+bbr"])}
     cubic = rows[("cubic+bbr", "cubic")]
     assert cubic["harm"]["throughput"]["mean"] == pytest.approx(((6 / 9) + (5 / 9)) / 2)
     assert cubic["harm"]["srtt_p95"]["mean"] == pytest.approx(0.75)  # (160 - 40) / 160

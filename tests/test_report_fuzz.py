@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from ccscope import cli
 from ccscope.errors import UsageError
-from ccscope.scenario import analysis, results, runner, spec, store
+from ccscope.scenario import analysis, lifecycle, results, runner, spec, store
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -49,7 +49,7 @@ def _base_document() -> dict:
                    "link": {d: {"packets": 1000, "queue_drops": 2, "random_drops": 0} for d in ("up", "down")}})
     record["per_algorithm"] = analysis.per_algorithm(record["flows"], {"cubic": [16.0, 17.0, 19.0]}, ("cubic",))
     doc["runs"].append(record)
-    results.refresh(doc, store.scenario_shape(doc))
+    analysis.derive(doc)
     results.validate(doc)
     return doc
 
@@ -333,7 +333,7 @@ def _journal(directory: Path, doc: dict, runs: list[dict], tail: bytes = b"") ->
 def test_journal_one_run_ahead_is_merged_and_a_torn_line_ignored(tmp_path):
     """SIGKILL between the journal line and the rename of results.json, then during the next line."""
     header_only = {**copy.deepcopy(BASE), "runs": [], "complete": False, "missing_runs": list(BASE["run_order"])}
-    results.refresh(header_only, store.scenario_shape(header_only))
+    analysis.derive(header_only)
     directory = _write_dir(tmp_path, header_only)
     _journal(directory, BASE, BASE["runs"], tail=b'{"kind":"run","run":{"label":"fa')
     code, _out, err = _report(directory)
@@ -400,13 +400,13 @@ def test_report_never_writes_through_a_symlink(tmp_path, link):
 
 def test_resume_cuts_a_torn_journal_line_before_appending(tmp_path):
     header_only = {**copy.deepcopy(BASE), "runs": [], "complete": False, "missing_runs": list(BASE["run_order"])}
-    results.refresh(header_only, store.scenario_shape(header_only))
+    analysis.derive(header_only)
     directory = _write_dir(tmp_path, header_only)
     _journal(directory, BASE, [], tail=b'{"kind":"run","run":{"label":"fa')
     resumed, doc = store.Store.resume(directory, copy.deepcopy(header_only))
     try:
         assert doc["runs"] == [] and doc["missing_runs"] == BASE["run_order"]
-        resumed.add_run(doc, copy.deepcopy(BASE["runs"][0]))
+        lifecycle.keep(doc, resumed, copy.deepcopy(BASE["runs"][0]))
     finally:
         resumed.close()
     assert [r["label"] for r in store.load(directory)["runs"]] == BASE["run_order"]
@@ -423,7 +423,7 @@ def test_a_run_the_document_cannot_hold_is_quarantined_not_fatal(tmp_path, poiso
     inside iperf3's free-form report, which the schema leaves open) is stored as a failed run with what it
     measured left out, and a warning; the directory stays readable to report and --resume."""
     header_only = {**copy.deepcopy(BASE), "runs": [], "complete": False, "missing_runs": list(BASE["run_order"])}
-    results.refresh(header_only, store.scenario_shape(header_only))
+    analysis.derive(header_only)
     directory = _write_dir(tmp_path, header_only)
     _journal(directory, BASE, [])
     opened, doc = store.Store.resume(directory, copy.deepcopy(header_only))
@@ -431,7 +431,7 @@ def test_a_run_the_document_cannot_hold_is_quarantined_not_fatal(tmp_path, poiso
     run["flows"][0].setdefault("iperf3", {})
     poison(run)
     try:
-        stored = opened.add_run(doc, run)
+        stored = lifecycle.keep(doc, opened, run)
     finally:
         opened.close()
     assert stored["flows"] == [] and stored["errors"][-1].startswith("what the run measured was not kept: ")
@@ -451,7 +451,7 @@ def _four_runs_one_done(tmp_path: Path) -> tuple[Path, dict, dict]:
     run = {**copy.deepcopy(BASE["runs"][0]), "label": units[0].label, "repetition": units[0].repetition}
     doc = copy.deepcopy(fresh)
     doc["runs"].append(run)
-    results.refresh(doc, store.scenario_shape(doc))
+    analysis.derive(doc)
     directory = _write_dir(tmp_path, doc)
     _journal(directory, fresh, [run])
     return directory, doc, fresh

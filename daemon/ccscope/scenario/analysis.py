@@ -25,7 +25,7 @@ import itertools
 import math
 from collections.abc import Sequence
 
-from . import harm
+from . import harm, realpath, results
 
 # t(0.975, df) for df = 1..30; beyond 30 the normal 1.96 is within 2%.
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
@@ -234,15 +234,25 @@ def link_drop_ratio(link: dict | None) -> float | None:
     return drops / offered if offered else None
 
 
-def summarize(runs: list[dict], scenario) -> list[dict]:
-    """One row per (profile, algorithm set, algorithm): means and 95% CIs over the runs."""
+def derive(doc: dict) -> None:
+    """Everything a results document derives from its runs: the plan's bookkeeping (results.account), the
+    summary rows in the document's order of profiles and algorithm sets, and what real paths measured.
+    Called by whoever changes the runs (the runner after each run, merge, a rebuild from the journal);
+    saving never calls it."""
+    results.account(doc)
+    doc["summary"] = summarize(doc["runs"], list(doc["profiles"]), list(doc["algorithms"]))
+    if any(r.get("real") for r in doc["runs"]):
+        doc["real_paths"] = realpath.summary(doc["runs"])
+
+
+def summarize(runs: list[dict], profile_order: list[str], mix_order: list[str]) -> list[dict]:
+    """One row per (profile, algorithm set, algorithm): means and 95% CIs over the runs, in the order of
+    the profiles and of the algorithm sets ("cubic+bbr")."""
     groups: dict[tuple[str, str, str], list[tuple[dict, dict]]] = {}
     for run in runs:
         for alg, per in run["per_algorithm"].items():
             groups.setdefault((run["profile"], run["algorithms"], alg), []).append((run, per))
     rows = []
-    profile_order = list(scenario.profiles)
-    mix_order = ["+".join(m) for m in scenario.algorithms]
     for (profile, mix, alg), items in sorted(groups.items(), key=lambda kv: (
             profile_order.index(kv[0][0]) if kv[0][0] in profile_order else 99,
             mix_order.index(kv[0][1]) if kv[0][1] in mix_order else 99, kv[0][2])):

@@ -22,6 +22,7 @@ from .environment import now_iso
 from .progress import Progress
 from .recorder import FlowSeries, Recorder, write_flow_csv, write_ping_csv, write_state_csv
 from .spec import Scenario, mix_label
+from .store import Store, quarantined, signals_held
 from .traffic import FETCH_PORT, BulkFlow, TrafficResult
 
 
@@ -96,6 +97,18 @@ def run_unit(session: Session, unit, position: int, path: RunPath) -> RunResult:
     record["duration_s"] = round(traffic.end_mono - traffic.start_mono, 3)
     fill(record, session, unit, opened, traffic, series)
     opened.finish(record)
+    return record
+
+
+def keep(doc: dict, store: Store, record: RunResult) -> RunResult:
+    """A completed run into the document, what follows from it derived (analysis.derive), both saved: at
+    once, or (a signal arriving) not at all. A record the document cannot hold is kept quarantined
+    (store.quarantined); what was kept."""
+    with signals_held():
+        record = quarantined(doc, record)
+        doc["runs"].append(record)
+        analysis.derive(doc)
+        store.add_run(doc, record)
     return record
 
 

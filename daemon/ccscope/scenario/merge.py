@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ccscope.errors import UsageError
 
-from . import confined, results, store
+from . import analysis, confined, results, store
 from .document import ResultsDocument
 from .environment import now_iso
 from .shard import far_ends, plan_hash, without_far_ends
@@ -120,7 +120,7 @@ def merged_document(parts: list[Part]) -> ResultsDocument:
     hosts = [_host(p) for p in parts]
     doc["merged"] = {"plan_hash": base["shard"]["plan_hash"], "count": parts[0].count, "shards": hosts,
                      "missing_shards": missing_shards, "mixed": _mixed(hosts) + uneven, "merged_at": now_iso()}
-    results.refresh(doc, store.scenario_shape(doc))
+    analysis.derive(doc)
     results.validate(doc)
     return doc
 

@@ -169,7 +169,7 @@ def parse_via(raw: Any, where: str) -> str:
     return raw
 
 
-# --- what the runs measured about each path (derived from the runs; results.refresh calls it) ---------------
+# --- what the runs measured about each path (derived from the runs; analysis.derive calls it) ---------------
 
 
 def summary(runs: list[dict]) -> dict:

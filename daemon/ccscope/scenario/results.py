@@ -24,7 +24,6 @@ from . import confined
 from .document import ResultsDocument, RunResult
 from .environment import capture, now_iso
 from .realpath import is_real
-from .realpath import summary as real_summary
 
 SCHEMA_VERSION = 2  # 2: complete, missing_runs, interrupted, backend_requested, resumed_at
 NUM = ["number", "null"]
@@ -341,18 +340,14 @@ def planned(doc: dict) -> list[str]:
     return doc["shard"]["runs"] if doc.get("shard") else doc["run_order"]
 
 
-def refresh(doc: dict, scenario_like) -> None:
-    """Derives what follows from the runs: order, summary, errors, missing runs, completeness."""
-    from . import analysis
-
+def account(doc: dict) -> None:
+    """What the document's runs say about the plan: their order, the missing runs, completeness, errors.
+    The summary is analysis.derive's (this module holds the document's shape, not what it means)."""
     doc["runs"].sort(key=lambda r: r["position"])
     done = {r["label"] for r in doc["runs"]}
     doc["missing_runs"] = [label for label in planned(doc) if label not in done]
     doc["complete"] = not doc["missing_runs"]
-    doc["summary"] = analysis.summarize(doc["runs"], scenario_like)
     doc["errors"] = [f"{r['label']}: {e}" for r in doc["runs"] for e in r["errors"]]
-    if any(r.get("real") for r in doc["runs"]):
-        doc["real_paths"] = real_summary(doc["runs"])
 
 
 def _jsonable(value: Any) -> Any:

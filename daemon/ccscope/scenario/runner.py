@@ -32,7 +32,7 @@ from ccscope.web.http import Limits
 from . import realrun, results, shard
 from .emulated import EmulatedPath
 from .environment import now_iso
-from .lifecycle import Session, run_unit
+from .lifecycle import Session, keep, run_unit
 from .progress import Progress
 from .recorder import Recorder
 from .spec import Scenario, mix_label
@@ -181,8 +181,7 @@ def _run_missing(scenario: Scenario, units: list[Unit], doc: dict, store: Store,
                 EmulatedPath(doc, options.backend, verify=options.verify and unit.profile not in verified)
             record = run_unit(session, unit, position, path)
             verified.add(unit.profile)
-            record = store.add_run(doc, record)
-            progress.done(record)
+            progress.done(keep(doc, store, record))
     return len(todo)
 
 

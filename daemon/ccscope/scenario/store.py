@@ -20,11 +20,10 @@ import signal
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 
 from ccscope.errors import UsageError
 
-from . import confined, results
+from . import analysis, confined, results
 from .document import ResultsDocument
 
 JOURNAL = "runs.jsonl"
@@ -74,12 +73,6 @@ def write_atomic(path: Path, data: str | bytes) -> None:
 
 def _dumps(doc: dict) -> str:
     return json.dumps(doc, indent=1, default=str) + "\n"
-
-
-def scenario_shape(doc: dict) -> SimpleNamespace:
-    """What analysis.summarize needs of a scenario (the order of rows), from the document alone."""
-    return SimpleNamespace(profiles=dict.fromkeys(doc["profiles"]),
-                           algorithms=[tuple(a.split("+")) for a in doc["algorithms"]])
 
 
 _IDENTITY = ("label", "position", "profile", "algorithms", "repetition", "netns", "backend", "started_at")
@@ -187,22 +180,15 @@ class Store:
             raise OSError(f"short write to {JOURNAL} ({written} of {len(data)} bytes)")
         os.fsync(self._fd)
 
-    def add_run(self, doc: dict, record: dict) -> dict:
-        """Records a completed run: journal line first, then results.json with the run in it. A record with
-        a value the document cannot hold (a NaN, a string for a number: from a far end, say) is stored
-        quarantined instead, with a warning, so no run can make the directory unreadable; what was stored."""
-        record = quarantined(doc, record)
-        with signals_held():
-            doc["runs"].append(record)
-            results.refresh(doc, scenario_shape(doc))
-            self._append({"kind": "run", "run": record, "emulation_checks": doc["emulation_checks"],
-                          "warnings": doc["warnings"], "environment": doc["environment"]})
-            write_atomic(self.out / RESULTS, _dumps(doc))
-        return record
+    def add_run(self, doc: dict, record: dict) -> None:
+        """Saves a completed run that `doc` already holds and derives from (analysis.derive): journal line
+        first, then results.json. The caller holds the signals (signals_held) from adding the run to here."""
+        self._append({"kind": "run", "run": record, "emulation_checks": doc["emulation_checks"],
+                      "warnings": doc["warnings"], "environment": doc["environment"]})
+        write_atomic(self.out / RESULTS, _dumps(doc))
 
     def write(self, doc: dict) -> None:
         with signals_held():
-            results.refresh(doc, scenario_shape(doc))
             results.validate(doc)
             write_atomic(self.out / RESULTS, _dumps(doc))
 
@@ -261,7 +247,7 @@ def load(directory: Path) -> ResultsDocument:
         if key in last:
             doc[key] = last[key]
     try:
-        results.refresh(doc, scenario_shape(doc))
+        analysis.derive(doc)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise UsageError(f"{directory / JOURNAL}: cannot merge the runs: {exc!r}") from None
     return results.parse(json.dumps(doc, default=str), str(directory / JOURNAL))
@@ -314,7 +300,7 @@ def resumable(directory: Path, fresh: dict) -> dict:
         if run != journal[run["label"]]:
             raise UsageError(f"{where}: {RESULTS} differs from {JOURNAL} in run {run['label']}")
     doc["runs"] = [journal[label] for label in order if label in journal]
-    results.refresh(doc, scenario_shape(doc))
+    analysis.derive(doc)
     if not doc["complete"]:
         doc["finished_at"] = None
     return doc
