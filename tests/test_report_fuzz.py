@@ -20,6 +20,7 @@ import pytest
 from ccscope import cli
 from ccscope.errors import UsageError
 from ccscope.scenario import analysis, lifecycle, results, runner, spec, store
+from ccscope.scenario.record import RunRecord
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -37,7 +38,7 @@ def _base_document() -> dict:
     scenario = spec.from_dict(copy.deepcopy(SCENARIO), "fuzz.yaml")
     units = runner.plan(scenario)
     doc = results.new_document(scenario, units, [], quick=False)
-    record = results.new_run(units[0], 1)
+    record = RunRecord.planned(units[0], 1).document()
     flow = analysis.empty_flow()
     flow.update({"id": "bulk0", "kind": "bulk", "algorithm": "cubic", "algorithm_kernel": "cubic",
                  "algorithm_iperf3": "cubic", "algorithm_ok": True, "goodput_bps": 19e6, "goodput_common_bps": 19e6,

@@ -26,6 +26,7 @@ import math
 from collections.abc import Sequence
 
 from . import harm, realpath, results
+from .record import CommonWindow
 
 # t(0.975, df) for df = 1..30; beyond 30 the normal 1.96 is within 2%.
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
@@ -101,12 +102,12 @@ def window_goodput(times_s: Sequence[float], acked: Sequence[int], window: tuple
     return (interpolate(times_s, acked, end) - interpolate(times_s, acked, start)) * 8 / (end - start)
 
 
-def apply_common_window(record: dict, t0: float, flows: list[tuple[dict, object | None]],
-                        keep_own: bool = False) -> tuple[float, float] | None:
-    """Each bulk flow's goodput over the run's one common window (`goodput_common_bps`), the run's goodput (their
-    sum), Jain's index of them and the window itself, from (flow entry, its FlowSeries or None) pairs; returns
-    the window. keep_own: a flow without a series keeps its own goodput (a real path's receiver view, from
-    iperf3's report); otherwise it has none."""
+def apply_common_window(t0: float, flows: list[tuple[dict, object | None]],
+                        keep_own: bool = False) -> tuple[CommonWindow, tuple[float, float] | None]:
+    """Each bulk flow's goodput over the run's one common window (`goodput_common_bps` of its entry), from
+    (flow entry, its FlowSeries or None) pairs; the run's window with the goodput summed over it and Jain's
+    index, and the window in monotonic time. keep_own: a flow without a series keeps its own goodput (a real
+    path's receiver view, from iperf3's report); otherwise it has none."""
     window = common_window([(f["window_s"][0] + t0, f["window_s"][1] + t0) for f, s in flows
                             if s is not None and f.get("window_s") and f["goodput_bps"] is not None])
     for f, s in flows:
@@ -116,11 +117,9 @@ def apply_common_window(record: dict, t0: float, flows: list[tuple[dict, object 
             f["goodput_common_bps"] = window_goodput([x.t for x in s.samples], [x.bytes_acked for x in s.samples],
                                                      window)
     rates = [f["goodput_common_bps"] for f, _ in flows if f["goodput_common_bps"] is not None]
-    record["convergence_s"] = share_convergence(flows, window)
-    record["jain"] = jain(rates)
-    record["window_s"] = None if window is None else [round(window[0] - t0, 4), round(window[1] - t0, 4)]
-    record["goodput_bps"] = sum(rates) if rates else None
-    return window
+    relative = None if window is None else [round(window[0] - t0, 4), round(window[1] - t0, 4)]
+    return CommonWindow(window_s=relative, goodput_bps=sum(rates) if rates else None, jain=jain(rates),
+                        convergence_s=share_convergence(flows, window)), window
 
 
 CONVERGENCE_BIN_S = 1.0  # shares are taken over 1 s bins: several RTTs, and CUBIC's sawtooth averages out

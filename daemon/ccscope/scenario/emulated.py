@@ -10,10 +10,11 @@ from pathlib import Path
 
 from ccscope.emulation.testbed import Testbed
 
-from .document import ResultsDocument, RunResult
+from .document import ResultsDocument
 from .environment import namespace_sysctls
 from .lifecycle import FlowViews, Session
 from .linkmeter import LinkMeter
+from .record import RunRecord
 from .recorder import FlowSeries
 from .spec import Scenario
 from .traffic import BulkFlow, TrafficResult, run_traffic
@@ -27,13 +28,13 @@ class EmulatedPath:
     verify: bool
 
     @contextlib.contextmanager
-    def open(self, session: Session, unit, position: int, record: RunResult) -> Iterator[OpenTestbed]:
+    def open(self, session: Session, unit, position: int, record: RunRecord) -> Iterator[OpenTestbed]:
         scenario = session.scenario
         with Testbed(scenario.profiles[unit.profile], backend=self.backend, seed=scenario.seed + position) as tb:
             tb.set_algorithm(unit.mix[0])
             opened = OpenTestbed(tb, tb.netns_inode(tb.sender_ns), {tb.netns_inode(tb.sender_ns),
                                                                     tb.netns_inode(tb.receiver_ns)})
-            record["netns"], record["backend"] = opened.netns, tb.backend
+            record.netns, record.backend = opened.netns, tb.backend
             self._environment(tb)
             if self.verify:
                 session.progress.note(f"checking the emulated path {unit.profile}")
@@ -44,7 +45,7 @@ class EmulatedPath:
                 yield opened
             finally:
                 opened.link_samples = meter.stop()
-            record["link"] = _link_delta(tb.link_stats(), link_before)
+            record.link = _link_delta(tb.link_stats(), link_before)
 
     def _environment(self, tb: Testbed) -> None:
         environment = self.doc["environment"]
@@ -82,7 +83,7 @@ class OpenTestbed:
     def describe(self, views: FlowViews) -> dict:
         return {}
 
-    def finish(self, record: RunResult) -> None:
+    def finish(self, record: RunRecord) -> None:
         pass
 
 

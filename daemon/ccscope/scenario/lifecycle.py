@@ -16,10 +16,11 @@ from typing import Protocol
 from ccscope.exporter import FlowCollector
 from ccscope.flows import FlowFilter
 
-from . import analysis, linkmeter, results
-from .document import RunResult
+from . import analysis, linkmeter
+from .document import FlowResult, RunResult
 from .environment import now_iso
 from .progress import Progress
+from .record import RunRecord
 from .recorder import FlowSeries, Recorder, write_flow_csv, write_ping_csv, write_state_csv
 from .spec import Scenario, mix_label
 from .store import Store, quarantined, signals_held
@@ -60,12 +61,12 @@ class OpenPath(Protocol):
 
     def describe(self, views: FlowViews) -> dict: ...
 
-    def finish(self, record: RunResult) -> None: ...
+    def finish(self, record: RunRecord) -> None: ...
 
 
 class RunPath(Protocol):
     def open(self, session: Session, unit, position: int,
-             record: RunResult) -> AbstractContextManager[OpenPath | None]:
+             record: RunRecord) -> AbstractContextManager[OpenPath | None]:
         """Up for one run (None: the run cannot go ahead; the record says why); down on exit."""
         ...
 
@@ -75,9 +76,9 @@ def stem(unit) -> str:
     return f"{unit.profile}_{mix_label(unit.mix)}_r{unit.repetition}"
 
 
-def run_unit(session: Session, unit, position: int, path: RunPath) -> RunResult:
+def run_unit(session: Session, unit, position: int, path: RunPath) -> RunRecord:
     scenario, recorder, collector, progress = session.scenario, session.recorder, session.collector, session.progress
-    record = results.new_run(unit, position)
+    record = RunRecord.planned(unit, position)
     with path.open(session, unit, position, record) as opened:
         if opened is None:
             return record
@@ -86,7 +87,7 @@ def run_unit(session: Session, unit, position: int, path: RunPath) -> RunResult:
                   "run": str(unit.repetition)}
         collector.set_netns_labels({netns: labels for netns in opened.watched})
         recorder.start(opened.netns)
-        record["started_at"] = now_iso()
+        record.started_at = now_iso()
         progress.start(position, unit.label, profile=unit.profile, algorithm=mix_label(unit.mix),
                        repetition=unit.repetition)
         try:
@@ -94,48 +95,47 @@ def run_unit(session: Session, unit, position: int, path: RunPath) -> RunResult:
         finally:
             series = recorder.stop()
             collector.set_netns_labels({})
-    record["duration_s"] = round(traffic.end_mono - traffic.start_mono, 3)
+    record.duration_s = round(traffic.end_mono - traffic.start_mono, 3)
     fill(record, session, unit, opened, traffic, series)
     opened.finish(record)
     return record
 
 
-def keep(doc: dict, store: Store, record: RunResult) -> RunResult:
-    """A completed run into the document, what follows from it derived (analysis.derive), both saved: at
-    once, or (a signal arriving) not at all. A record the document cannot hold is kept quarantined
-    (store.quarantined); what was kept."""
+def keep(doc: dict, store: Store, run: RunResult) -> RunResult:
+    """A completed run (RunRecord.document()) into the document, what follows from it derived
+    (analysis.derive), both saved: at once, or (a signal arriving) not at all. A run the document cannot
+    hold is kept quarantined (store.quarantined); what was kept."""
     with signals_held():
-        record = quarantined(doc, record)
-        doc["runs"].append(record)
+        kept = quarantined(doc, run)
+        doc["runs"].append(kept)
         analysis.derive(doc)
-        store.add_run(doc, record)
-    return record
+        store.add_run(doc, kept)
+    return kept
 
 
-def fill(record: RunResult, session: Session, unit, path: OpenPath, traffic: TrafficResult,
+def fill(record: RunRecord, session: Session, unit, path: OpenPath, traffic: TrafficResult,
          series: dict[int, FlowSeries]) -> None:
     """The run's record from its traffic and its series."""
     t0 = traffic.start_mono
-    record["errors"] += traffic.errors
+    record.errors += traffic.errors
     srtt_by_algorithm: dict[str, list[float]] = {}
     sender_series: dict[str, FlowSeries] = {}
     for flow in traffic.bulk:
-        views = path.views(flow, series, traffic, record["errors"])
+        views = path.views(flow, series, traffic, record.errors)
         entry, srtts = _bulk_entry(record, session, unit, t0, path, flow, views)
         if views.sender is not None:
             sender_series[entry["id"]] = views.sender
             srtt_by_algorithm.setdefault(flow.algorithm, []).extend(srtts)
-        record["flows"].append(entry)
+        record.flows.append(entry)
     _downloads(record, session, unit, traffic, series)
     bulk_end = max((s.samples[-1].t for s in sender_series.values()), default=traffic.end_mono)
     _ping(record, session, unit, traffic, bulk_end)
-    _common_window(record, t0, [(f, sender_series.get(f["id"])) for f in record["flows"]], path)
-    record["per_algorithm"] = analysis.per_algorithm(record["flows"], srtt_by_algorithm, unit.mix,
-                                                     record["downloads"])
+    _common_window(record, t0, [(f, sender_series.get(f["id"])) for f in record.flows], path)
+    record.per_algorithm = analysis.per_algorithm(record.flows, srtt_by_algorithm, unit.mix, record.downloads)
 
 
-def _bulk_entry(record: RunResult, session: Session, unit, t0: float, path: OpenPath, flow: BulkFlow,
-                views: FlowViews) -> tuple[dict, list[float]]:
+def _bulk_entry(record: RunRecord, session: Session, unit, t0: float, path: OpenPath, flow: BulkFlow,
+                views: FlowViews) -> tuple[FlowResult, list[float]]:
     """A bulk flow's entry and its srtt samples in the measured window."""
     name, sender = f"{stem(unit)}_bulk{flow.index}", views.sender
     s = sender or views.receiver
@@ -154,27 +154,27 @@ def _bulk_entry(record: RunResult, session: Session, unit, t0: float, path: Open
         if views.receiver is not None:
             entry["receiver_csv"] = write_flow_csv(session.out, f"{name}_receiver.csv", views.receiver, t0)
         if flow.error is None and views.receiver is None:
-            record["errors"].append(f"bulk{flow.index}: no telemetry for the flow (server port {flow.port}, "
+            record.errors.append(f"bulk{flow.index}: no telemetry for the flow (server port {flow.port}, "
                                     f"local port {flow.local_port})")
         elif flow.error is None and path.sender_expected and not views.refused:
-            record["errors"].append(f"bulk{flow.index}: no sender telemetry for the flow (local port "
+            record.errors.append(f"bulk{flow.index}: no sender telemetry for the flow (local port "
                                     f"{flow.local_port})")
     _check_algorithm(record, entry, flow, kernel_known=sender is not None)
     return entry, srtts
 
 
-def _check_algorithm(record: RunResult, entry: dict, flow: BulkFlow, kernel_known: bool) -> None:
+def _check_algorithm(record: RunRecord, entry: FlowResult, flow: BulkFlow, kernel_known: bool) -> None:
     """The sender's kernel (where its series is here) and iperf3's report (where there is one) must both have
     run what was asked; without iperf3's report (its failure is an error of its own) the kernel's word stands."""
     kernel, iperf = entry["algorithm_kernel"], entry["algorithm_iperf3"]
     entry["algorithm_ok"] = ok = (kernel == flow.algorithm or not kernel_known) and \
         (iperf == flow.algorithm or not flow.iperf)
     if not ok and flow.error is None:
-        record["errors"].append(f"{entry['id']}: requested {flow.algorithm}, the sender's kernel ran {kernel}, "
+        record.errors.append(f"{entry['id']}: requested {flow.algorithm}, the sender's kernel ran {kernel}, "
                                 f"iperf3 reports {iperf}")
 
 
-def _downloads(record: RunResult, session: Session, unit, traffic: TrafficResult,
+def _downloads(record: RunRecord, session: Session, unit, traffic: TrafficResult,
                series: dict[int, FlowSeries]) -> None:
     t0 = traffic.start_mono
     by_port = {s.dport: s for s in series.values() if s.sport == FETCH_PORT}
@@ -186,11 +186,11 @@ def _downloads(record: RunResult, session: Session, unit, traffic: TrafficResult
                  "algorithm_kernel": s.cc if s else None, "retransmits": s.samples[-1].retransmits if s else None,
                  "csv": write_flow_csv(session.out, f"{stem(unit)}_download{i}.csv", s, t0) if s else None}
         if s is not None and s.cc != unit.mix[0]:
-            record["errors"].append(f"download{i}: requested {unit.mix[0]}, the kernel ran {s.cc}")
-        record["downloads"].append(entry)
+            record.errors.append(f"download{i}: requested {unit.mix[0]}, the kernel ran {s.cc}")
+        record.downloads.append(entry)
 
 
-def _ping(record: RunResult, session: Session, unit, traffic: TrafficResult, bulk_end: float) -> None:
+def _ping(record: RunRecord, session: Session, unit, traffic: TrafficResult, bulk_end: float) -> None:
     """RTT over the measured window: from the warm-up's end to the last bulk sample (the run's end without
     bulk flows), so that pings after the load are not counted as pings under it."""
     if not traffic.ping_sent:
@@ -198,20 +198,20 @@ def _ping(record: RunResult, session: Session, unit, traffic: TrafficResult, bul
     t0 = traffic.start_mono
     start = t0 + session.scenario.warmup_s
     rtts = [rtt * 1e3 for t, rtt in traffic.ping if start <= t <= bulk_end]
-    record["ping"] = {"sent": traffic.ping_sent, "received": len(traffic.ping), "rtt_ms": analysis.summary(rtts),
+    record.ping = {"sent": traffic.ping_sent, "received": len(traffic.ping), "rtt_ms": analysis.summary(rtts),
                       "csv": write_ping_csv(session.out, f"{stem(unit)}_ping.csv", traffic.ping, t0)}
 
 
-def _common_window(record: RunResult, t0: float, flows: list[tuple[dict, FlowSeries | None]],
+def _common_window(record: RunRecord, t0: float, flows: list[tuple[dict, FlowSeries | None]],
                    path: OpenPath) -> None:
     """Goodput of every bulk flow over the run's one common window (analysis.py), their sum, Jain's index
     of them, and the link's own egress counter over the same window where the path has one."""
-    window = analysis.apply_common_window(record, t0, flows, keep_own=path.keep_own_goodput)
+    record.window, window = analysis.apply_common_window(t0, flows, keep_own=path.keep_own_goodput)
     if path.link_samples is None:
         return
     wire = None if window is None else linkmeter.bytes_between(path.link_samples, *window)
-    link_bps = None if wire is None else wire * 8 / (window[1] - window[0])
-    record["link_window_bps"] = link_bps  # layer 2, up direction, what left the router
-    if link_bps is not None and record["goodput_bps"] is not None and record["goodput_bps"] > link_bps:
-        record["errors"].append(f"goodput {record['goodput_bps'] / 1e6:.2f} Mbit/s is above what the link's "
-                                f"counter shows over the same window ({link_bps / 1e6:.2f} Mbit/s)")
+    link_bps = record.link_window_bps = None if wire is None else wire * 8 / (window[1] - window[0])
+    goodput = record.window.goodput_bps  # layer 4 against layer 2 (up direction, what left the router)
+    if link_bps is not None and goodput is not None and goodput > link_bps:
+        record.errors.append(f"goodput {goodput / 1e6:.2f} Mbit/s is above what the link's counter shows over "
+                             f"the same window ({link_bps / 1e6:.2f} Mbit/s)")

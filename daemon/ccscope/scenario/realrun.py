@@ -32,9 +32,9 @@ from ccscope.hosttools import need
 from ccscope.sample import Sample
 from ccscope.serve import protocol
 
-from .document import RunResult
 from .lifecycle import FlowViews, Session
 from .realpath import TOKEN_ENV, RealPath, is_real, rtt_moved
+from .record import RunRecord
 from .recorder import FlowSeries
 from .spec import Scenario
 from .traffic import BulkFlow, TrafficResult, _parse_iperf, bulk_plan, parse_ping, planned_seconds
@@ -205,17 +205,17 @@ class RealRunPath:
     ctx: Context
 
     @contextlib.contextmanager
-    def open(self, session: Session, unit, position: int, record: RunResult) -> Iterator[OpenRealPath | None]:
+    def open(self, session: Session, unit, position: int, record: RunRecord) -> Iterator[OpenRealPath | None]:
         path, p = self.path, self.path.profile
-        record.update(netns=self.ctx.netns, backend="real path", link={})
-        real = record["real"] = {"target": p.target, "address": path.address, "via": p.via,
+        record.netns, record.backend = self.ctx.netns, "real path"
+        real = record.real = {"target": p.target, "address": path.address, "via": p.via,
                                  "direction": p.direction, "far_end": path.far_end,
                                  "sender_telemetry": path.sender_telemetry, "idle_rtt_ms": None,
                                  "idle_rtt_samples_ms": [], "rtt_moved": False, "failed": False}
         session.progress.note(f"{unit.label}: idle RTT to {p.target}{' via ' + p.via if p.via else ''}")
         samples = real["idle_rtt_samples_ms"] = idle_rtt_ms(path)
         if not samples:
-            record["errors"].append(f"no ping reply from {p.target} before the run: the path is down; run skipped")
+            record.errors.append(f"no ping reply from {p.target} before the run: the path is down; run skipped")
             real["failed"] = True
             yield None
             return
@@ -264,8 +264,8 @@ class OpenRealPath:
         return {"view": "sender" if views.sender else "receiver" if views.receiver else None,
                 "sender_host": "far end" if self.down else "this host"}
 
-    def finish(self, record: RunResult) -> None:
-        self.real["failed"] = bool(record["errors"])
+    def finish(self, record: RunRecord) -> None:
+        self.real["failed"] = bool(record.errors)
 
 
 def idle_rtt_ms(path: Resolved) -> list[float]:

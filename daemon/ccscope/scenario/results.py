@@ -21,7 +21,7 @@ from ccscope import __version__
 from ccscope.errors import UsageError
 
 from . import confined
-from .document import ResultsDocument, RunResult
+from .document import ResultsDocument
 from .environment import capture, now_iso
 from .realpath import is_real
 
@@ -287,12 +287,6 @@ def _profile_entry(p) -> dict:
     return {"description": p.describe(), "base_rtt_s": p.base_rtt_s, "bdp_bytes": p.bdp_bytes,
             "up_rate_bps": p.up.effective_rate_bps(), "down_rate_bps": p.down.effective_rate_bps(),
             "queue_bytes": p.up.queue_bytes(p.base_rtt_s)}
-
-
-def new_run(unit, position: int) -> RunResult:
-    return {"label": unit.label, "position": position, "profile": unit.profile, "algorithms": "+".join(unit.mix),
-            "repetition": unit.repetition, "netns": 0, "backend": "", "started_at": None, "duration_s": 0.0,
-            "flows": [], "downloads": [], "ping": None, "link": {}, "jain": None, "per_algorithm": {}, "errors": []}
 
 
 def identity_mismatch(stored: dict, fresh: dict) -> str | None:

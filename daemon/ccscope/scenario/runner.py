@@ -181,7 +181,7 @@ def _run_missing(scenario: Scenario, units: list[Unit], doc: dict, store: Store,
                 EmulatedPath(doc, options.backend, verify=options.verify and unit.profile not in verified)
             record = run_unit(session, unit, position, path)
             verified.add(unit.profile)
-            progress.done(keep(doc, store, record))
+            progress.done(keep(doc, store, record.document()))
     return len(todo)
 
 
