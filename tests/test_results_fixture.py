@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from ccscope.ccstate.cubic import CubicState
 from ccscope.errors import UsageError
 from ccscope.scenario import document, plots, report, results, series
 from ccscope.scenario.recorder import CSV_HEADER, write_state_csv
+from ccscope.scenario.typed_schema import schema_of
 from ccscope_testkit.prereqs import ROOT
 
 FIXTURE = ROOT / "tests" / "data" / "results-fixture"
@@ -112,25 +114,48 @@ def test_render_results_without_the_recorded_download_limit(copy: Path) -> None:
     assert (copy / "plots" / "downloads.png").stat().st_size > 10_000
 
 
-_RUN_PROPERTIES = results.RUN_SCHEMA["properties"]
+def test_the_validator_is_derived_from_the_typed_shape() -> None:
+    """results.py holds no schema of its own: SCHEMA is document.ResultsDocument through typed_schema."""
+    assert schema_of(document.ResultsDocument) == results.SCHEMA
+    assert results.SCHEMA["properties"]["schema_version"] == {"enum": [document.SCHEMA_VERSION]}
+    assert results.SCHEMA["properties"]["runs"]["items"] == results.RUN_SCHEMA
+    flow = results.RUN_SCHEMA["properties"]["flows"]["items"]
+    assert flow["properties"]["kind"] == {"enum": ["bulk"]}
+    assert flow["properties"]["view"] == {"enum": ["sender", "receiver", None]}
+    assert results.RUN_SCHEMA["properties"]["profile"]["pattern"].startswith("[A-Za-z0-9]")
 
 
-@pytest.mark.parametrize(("shape", "schema"), [
-    (document.ResultsDocument, results.SCHEMA),
-    (document.ScenarioEntry, results.SCHEMA["properties"]["scenario"]),
-    (document.ProfileEntry, results.SCHEMA["properties"]["profiles"]["additionalProperties"]),
-    (document.RunResult, results.RUN_SCHEMA),
-    (document.FlowResult, _RUN_PROPERTIES["flows"]["items"]),
-    (document.DownloadResult, _RUN_PROPERTIES["downloads"]["items"]),
-    (document.PingResult, _RUN_PROPERTIES["ping"]),
-    (document.Summary, _RUN_PROPERTIES["ping"]["properties"]["rtt_ms"]),
-    (document.SummaryRow, results.SCHEMA["properties"]["summary"]["items"]),
-    (document.Interval, results.SCHEMA["properties"]["summary"]["items"]["properties"]["goodput_bps"]),
-], ids=lambda value: getattr(value, "__name__", ""))
-def test_the_typed_shape_is_the_schema(shape, schema) -> None:
-    """document.py's TypedDicts and results.py's SCHEMA name the same keys, and require the same ones."""
-    assert shape.__required_keys__ == set(schema["required"])
-    assert set(shape.__annotations__) == set(schema["properties"])
+@pytest.mark.parametrize(("value", "shape", "problem"), [
+    ({"a": 1}, dict[str, str], "$.a: expected string, got int"),
+    ([1.5, None], list[float | None], None),
+    (float("nan"), float, "$: expected number, got nan"),
+    (True, int, "$: expected integer, got bool"),
+    ("x y", document.Algorithm, "$: 'x y' is not a valid name"),
+    (None, document.FlowResult, "$: expected object, got NoneType"),
+])
+def test_typed_schema_checks_what_the_type_says(value, shape, problem) -> None:
+    problems = results.check(value, schema_of(shape))
+    assert problems == ([] if problem is None else [problem])
+
+
+def _docs_section() -> str:
+    text = (ROOT / "docs" / "scenarios.md").read_text()
+    return text[text.index("### results.json (schema_version"):text.index("## Pitfalls handled")]
+
+
+@pytest.mark.parametrize("shape", [document.ResultsDocument, document.RunResult, document.FlowResult,
+                                   document.DownloadResult, document.PingResult, document.SummaryRow],
+                         ids=lambda shape: shape.__name__)
+def test_the_docs_name_every_key_of_the_shape(shape) -> None:
+    """docs/scenarios.md's results.json section names each key in backticks (a list as `key[]`)."""
+    named = set(re.findall(r"`([a-z_0-9]+)(?:\[\])?`", _docs_section()))
+    assert set(shape.__annotations__) - named == set()
+
+
+def test_the_docs_table_holds_the_top_level_keys_and_no_others() -> None:
+    rows = [line for line in _docs_section().splitlines() if line.startswith("| `")]
+    keys = {key for row in rows for key in re.findall(r"`([a-z_]+)(?:\[\])?`", row.split("|")[1])}
+    assert keys == set(document.ResultsDocument.__annotations__)
 
 
 def test_a_written_document_has_the_typed_shape() -> None:

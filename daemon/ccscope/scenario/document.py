@@ -1,13 +1,25 @@
-"""The typed shape of results.json (schema_version 2), for the code that builds and reads it.
-
-results.py's SCHEMA is what a file on disk is checked against; these TypedDicts say the same for a type
-checker and a reader of the code: required keys are plain, optional ones NotRequired. tests/test_results_fixture.py
-keeps the two in step (same keys, same required ones). At run time a document is a plain dict.
+"""The shape of results.json (schema_version 2), defined once: these TypedDicts are what the code that builds
+and reads a document is typed against, and results.py's validator is derived from them (typed_schema.py).
+Required keys are plain, optional ones NotRequired; constraints beyond the type (a name's pattern, a length)
+ride on Annotated. Extra keys are allowed, and free-form parts (iperf3's report, the environment's sysctls)
+are dict[str, Any]. docs/scenarios.md's tables are checked against these by tests/test_results_fixture.py.
+At run time a document is a plain dict.
 """
 
 # No `from __future__ import annotations` here: TypedDict tells NotRequired keys apart only when the
 # annotations are evaluated (Python 3.11 sees strings as required).
-from typing import Any, NotRequired, TypedDict
+from typing import Annotated, Any, Literal, NotRequired, TypedDict
+
+from .typed_schema import Rule
+
+SCHEMA_VERSION = 2  # 2: complete, missing_runs, interrupted, backend_requested, resumed_at; bump it with the
+# Literal of ResultsDocument.schema_version (a Literal takes no name), and keep reading the version before
+
+# Names the report puts into plot legends and titles: what spec.py accepts, nothing more.
+Name = Annotated[str, Rule(pattern=r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")]
+Algorithm = Annotated[str, Rule(pattern=r"[a-z][a-z0-9_]{0,14}")]
+AlgorithmSet = Annotated[str, Rule(pattern=r"[a-z][a-z0-9_]{0,14}(\+[a-z][a-z0-9_]{0,14})*")]  # "cubic+bbr"
+Text = Annotated[str, Rule(max_length=4096)]
 
 
 class Summary(TypedDict):
@@ -21,7 +33,7 @@ class Summary(TypedDict):
 
 
 class Interval(TypedDict):
-    """A mean over runs with its 95 % confidence interval (analysis.ci)."""
+    """A mean over runs with its 95 % confidence interval (analysis.mean_ci95)."""
     mean: float | None
     ci95: float | None
     n: int
@@ -31,8 +43,8 @@ class Interval(TypedDict):
 class FlowResult(TypedDict):
     """One bulk flow of a run."""
     id: str
-    kind: str
-    algorithm: str
+    kind: Literal["bulk"]
+    algorithm: Algorithm
     algorithm_kernel: str | None
     algorithm_iperf3: str | None
     algorithm_ok: bool
@@ -45,6 +57,7 @@ class FlowResult(TypedDict):
     window_s: NotRequired[list[float] | None]
     csv: NotRequired[str]
     iperf3: NotRequired[dict[str, Any]]
+    # the socket the series came from, and what the kernel counted on it
     cookie: NotRequired[int | None]
     sport: NotRequired[int | None]
     dport: NotRequired[int | None]
@@ -52,10 +65,11 @@ class FlowResult(TypedDict):
     bytes_acked: NotRequired[int | None]
     bytes_sent: NotRequired[int | None]
     segments_sent: NotRequired[float | None]
-    view: NotRequired[str | None]          # real paths: "sender" or "receiver" (realrun.py)
+    # real paths: whose series it is (realrun.py)
+    view: NotRequired[Literal["sender", "receiver"] | None]
     sender_host: NotRequired[str]
     receiver_csv: NotRequired[str]
-    state_csv: NotRequired[str]            # the algorithm's state at each change
+    state_csv: NotRequired[str]  # the algorithm's state at each change (recorder.write_state_csv)
 
 
 class DownloadResult(TypedDict):
@@ -64,8 +78,9 @@ class DownloadResult(TypedDict):
     complete: bool
     completion_time_s: float | None
     received_bytes: int
-    algorithm: str
+    algorithm: Algorithm
     algorithm_kernel: NotRequired[str | None]
+    retransmits: NotRequired[int | None]
     error: NotRequired[str | None]
     csv: NotRequired[str | None]
     start_s: NotRequired[float]
@@ -78,12 +93,25 @@ class PingResult(TypedDict):
     csv: NotRequired[str | None]
 
 
+class LinkDirection(TypedDict):
+    """The emulated bottleneck's counters of one direction over the run (the backend may add more)."""
+    packets: int
+    queue_drops: int
+    random_drops: int
+
+
+class Link(TypedDict, total=False):
+    """Up and down on an emulated path; empty on a real one (no bottleneck of ours to count)."""
+    up: LinkDirection
+    down: LinkDirection
+
+
 class RunResult(TypedDict):
     """One run: a profile x algorithm set x repetition, at its position in the seeded order."""
     label: str
     position: int
-    profile: str
-    algorithms: str
+    profile: Name
+    algorithms: AlgorithmSet
     repetition: int
     netns: int
     backend: str
@@ -91,23 +119,46 @@ class RunResult(TypedDict):
     flows: list[FlowResult]
     downloads: list[DownloadResult]
     ping: PingResult | None
-    link: dict[str, dict[str, int]]
+    link: Link
     jain: float | None
     per_algorithm: dict[str, Any]
     errors: list[str]
     started_at: NotRequired[str | None]
-    real: NotRequired[dict[str, Any] | None]
+    real: NotRequired[dict[str, Any] | None]  # a real path's run: realpath.py
+    # older files lack these: the run's common window, the goodput summed over it, the link's own egress
+    # rate over it, and a competing set's convergence (analysis.share_convergence)
     window_s: NotRequired[list[float] | None]
     goodput_bps: NotRequired[float | None]
     link_window_bps: NotRequired[float | None]
     convergence_s: NotRequired[float | None]
 
 
+class SizeSummary(TypedDict):
+    total: int
+    complete: int
+    completion_time_median_s: float | None
+    completion_time_s: NotRequired[Interval]
+
+
+class DownloadsSummary(TypedDict):
+    total: int
+    complete: int
+    by_size: dict[str, SizeSummary]  # by size in bytes, "102400"
+
+
+class Harm(TypedDict, total=False):
+    """Harm against the same algorithm run alone (harm.py), where the scenario has those runs."""
+    throughput: Interval
+    srtt_p95: Interval
+    retransmit_ratio: Interval
+    solo_runs: int
+
+
 class SummaryRow(TypedDict):
     """One profile x algorithm set x algorithm, over its runs."""
-    profile: str
-    algorithms: str
-    algorithm: str
+    profile: Name
+    algorithms: AlgorithmSet
+    algorithm: Algorithm
     runs: int
     goodput_bps: Interval
     srtt_mean_ms: Interval
@@ -118,48 +169,99 @@ class SummaryRow(TypedDict):
     retransmit_ratio: Interval
     link_drop_ratio: Interval
     jain: Interval
-    downloads: dict[str, Any]
+    downloads: DownloadsSummary
     algorithm_ok: bool
+    # competing sets only
     share: NotRequired[Interval]
     convergence_s: NotRequired[Interval]
-    harm: NotRequired[dict[str, Any]]
+    harm: NotRequired[Harm]
 
 
 class ProfileEntry(TypedDict):
-    description: str
-    base_rtt_s: float | None
+    description: Text
+    base_rtt_s: float | None  # a real path has no configured RTT or rate (null) and says where it goes in `real`
     bdp_bytes: float | None
     up_rate_bps: float | None
     down_rate_bps: NotRequired[float | None]
-    queue_bytes: NotRequired[float | None]
+    queue_bytes: NotRequired[float | None]  # up's queue
     real: NotRequired[dict[str, Any]]
 
 
 class ScenarioEntry(TypedDict):
-    name: str
+    name: Name
     description: str
     source: str
     duration_s: float
     warmup_s: float
     sample_interval_s: float
     definition: dict[str, Any]
-    download_timeout_s: NotRequired[float | None]
+    download_timeout_s: NotRequired[float | None]  # older files lack it
+
+
+class Tool(TypedDict):
+    name: str
+    version: str
+
+
+class Environment(TypedDict):
+    """environment.capture(): what the host was (free-form beyond these)."""
+    kernel: Any
+    sysctls: dict[str, Any]
+    offloads: dict[str, Any]
+    ccscope_version: Any
+    iperf3_version: Any
+    seed: Any
+    run_order: Any
+    sysctls_sender_ns: NotRequired[dict[str, Any]]
+
+
+class EmulationCheck(TypedDict):
+    """A profile's path check before its first run (pathcheck.py; the measured values beside these)."""
+    ok: bool
+    message: str
+
+
+class Implementation(TypedDict):
+    """Which implementation ran an algorithm: the kernel's, or ccscope's BPF program (cc/provide.py)."""
+    name: Algorithm
+    implementation: Literal["kernel", "bpf"]
+    display: Annotated[str, Rule(max_length=64)]
+    sha256: NotRequired[Annotated[str, Rule(pattern=r"[0-9a-f]{64}")] | None]
+    object: NotRequired[str | None]
+
+
+class Shard(TypedDict):
+    """The slice of the plan a `--shard K/N` run holds (shard.py)."""
+    index: int
+    count: int
+    plan_hash: Annotated[str, Rule(pattern=r"sha256:[0-9a-f]{64}")]
+    runs: list[str]
+
+
+class Merged(TypedDict):
+    """The shards `ccscope merge` combined (merge.py)."""
+    plan_hash: str
+    count: int
+    shards: list[dict[str, Any]]
+    missing_shards: list[int]
+    mixed: list[str]
+    merged_at: NotRequired[str]
 
 
 class ResultsDocument(TypedDict):
     """results.json."""
-    schema_version: int
-    tool: dict[str, str]
+    schema_version: Literal[2]
+    tool: Tool
     scenario: ScenarioEntry
     profiles: dict[str, ProfileEntry]
-    algorithms: list[str]
-    skipped_algorithms: list[str]
+    algorithms: list[AlgorithmSet]
+    skipped_algorithms: list[Algorithm]
     quick: bool
     runs_per_unit: int
     seed: int
     run_order: list[str]
-    environment: dict[str, Any]
-    emulation_checks: dict[str, dict[str, Any]]
+    environment: Environment
+    emulation_checks: dict[str, EmulationCheck]
     runs: list[RunResult]
     summary: list[SummaryRow]
     errors: list[str]
@@ -171,7 +273,7 @@ class ResultsDocument(TypedDict):
     interrupted: str | None
     backend_requested: str
     resumed_at: list[str]
-    implementations: NotRequired[dict[str, dict[str, Any]]]
-    real_paths: NotRequired[dict[str, Any]]
-    shard: NotRequired[dict[str, Any] | None]
-    merged: NotRequired[dict[str, Any] | None]
+    implementations: NotRequired[dict[str, Implementation]]  # older files lack it
+    real_paths: NotRequired[dict[str, Any]]  # what the runs measured about each real path (realpath.summary)
+    shard: NotRequired[Shard | None]  # absent when one host ran the whole plan
+    merged: NotRequired[Merged | None]  # absent unless `ccscope merge` wrote it

@@ -1,8 +1,9 @@
 """results.json: the document a scenario writes, its versioned schema, and a validator for it.
 
 The schema is a small subset of JSON Schema (type, required, properties, additionalProperties, items,
-enum, pattern, maxLength) checked by validate() here, without extra dependencies. Bump SCHEMA_VERSION on
-any incompatible change and describe it in docs/scenarios.md. load() treats the file as untrusted input:
+enum, pattern, maxLength), derived from document.py's TypedDicts (typed_schema.py) and checked by validate()
+here, without extra dependencies. Bump SCHEMA_VERSION (document.py) on any incompatible change and describe
+it in docs/scenarios.md. load() treats the file as untrusted input:
 everything the report reads is typed here, so a hand-edited document is one line, not a traceback.
 """
 
@@ -21,160 +22,13 @@ from ccscope import __version__
 from ccscope.errors import UsageError
 
 from . import confined
-from .document import ResultsDocument
+from .document import SCHEMA_VERSION, ResultsDocument
 from .environment import capture, now_iso
 from .realpath import is_real
+from .typed_schema import schema_of
 
-SCHEMA_VERSION = 2  # 2: complete, missing_runs, interrupted, backend_requested, resumed_at
-NUM = ["number", "null"]
-# Names the report puts into plot legends and titles: what spec.py accepts, nothing more.
-_NAME = {"type": "string", "pattern": r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"}
-_ALG = {"type": "string", "pattern": r"[a-z][a-z0-9_]{0,14}"}
-_MIX = {"type": "string", "pattern": r"[a-z][a-z0-9_]{0,14}(\+[a-z][a-z0-9_]{0,14})*"}
-_TEXT = {"type": "string", "maxLength": 4096}
-
-_SUMMARY = {"type": "object", "required": ["mean", "median", "p95", "count"],
-            "properties": {"mean": {"type": NUM}, "median": {"type": NUM}, "p95": {"type": NUM},
-                           "min": {"type": NUM}, "max": {"type": NUM}, "count": {"type": "integer"}}}
-_CI = {"type": "object", "required": ["mean", "ci95", "n"],
-       "properties": {"mean": {"type": NUM}, "ci95": {"type": NUM}, "n": {"type": "integer"},
-                      "stdev": {"type": NUM}}}
-_FLOW = {"type": "object",
-         "required": ["id", "kind", "algorithm", "algorithm_kernel", "algorithm_iperf3", "algorithm_ok",
-                      "goodput_bps", "srtt_ms", "retransmits", "retransmit_ratio", "samples"],
-         "properties": {"id": {"type": "string"}, "kind": {"enum": ["bulk"]}, "algorithm": _ALG,
-                        "algorithm_kernel": {"type": ["string", "null"]},
-                        "algorithm_iperf3": {"type": ["string", "null"]}, "algorithm_ok": {"type": "boolean"},
-                        "goodput_bps": {"type": NUM}, "goodput_common_bps": {"type": NUM},
-                        "srtt_ms": _SUMMARY, "retransmits": {"type": ["integer", "null"]},
-                        "retransmit_ratio": {"type": NUM}, "samples": {"type": "integer"},
-                        "window_s": {"type": ["array", "null"], "items": {"type": "number"}},
-                        "csv": {"type": "string"}, "iperf3": {"type": "object"},
-                        # optional: the socket the series came from, and what the kernel counted on it
-                        "cookie": {"type": ["integer", "null"]}, "sport": {"type": ["integer", "null"]},
-                        "dport": {"type": ["integer", "null"]}, "start_offset_s": {"type": "number"},
-                        "bytes_acked": {"type": ["integer", "null"]}, "bytes_sent": {"type": ["integer", "null"]},
-                        "segments_sent": {"type": NUM},
-                        # optional, real paths: whose series it is (realrun.py)
-                        "view": {"enum": ["sender", "receiver", None]}, "sender_host": {"type": "string"},
-                        "receiver_csv": {"type": "string"},
-                        # optional: the algorithm's state at each change (recorder.write_state_csv)
-                        "state_csv": {"type": "string"}}}
-_DOWNLOAD = {"type": "object",
-             "required": ["id", "size_bytes", "complete", "completion_time_s", "received_bytes", "algorithm"],
-             "properties": {"id": {"type": "string"}, "size_bytes": {"type": "integer"},
-                            "complete": {"type": "boolean"}, "completion_time_s": {"type": NUM},
-                            "received_bytes": {"type": "integer"}, "algorithm": _ALG,
-                            "algorithm_kernel": {"type": ["string", "null"]}, "error": {"type": ["string", "null"]},
-                            "csv": {"type": ["string", "null"]}, "start_s": {"type": "number"}}}
-_LINK_DIR = {"type": "object", "required": ["packets", "queue_drops", "random_drops"],
-             "properties": {"packets": {"type": "integer"}, "queue_drops": {"type": "integer"},
-                            "random_drops": {"type": "integer"}}}
-_RUN = {"type": "object",
-        "required": ["label", "position", "profile", "algorithms", "repetition", "netns", "backend", "duration_s",
-                     "flows", "downloads", "ping", "link", "jain", "per_algorithm", "errors"],
-        "properties": {
-            "label": {"type": "string"}, "position": {"type": "integer"}, "profile": _NAME,
-            "algorithms": _MIX, "repetition": {"type": "integer"}, "netns": {"type": "integer"},
-            "backend": {"type": "string"}, "duration_s": {"type": "number"}, "started_at": {"type": ["string", "null"]},
-            "flows": {"type": "array", "items": _FLOW}, "downloads": {"type": "array", "items": _DOWNLOAD},
-            "ping": {"type": ["object", "null"], "required": ["sent", "received", "rtt_ms"],
-                     "properties": {"sent": {"type": "integer"}, "received": {"type": "integer"},
-                                    "rtt_ms": _SUMMARY, "csv": {"type": ["string", "null"]}}},
-            # up and down on an emulated path; empty on a real one (no bottleneck of ours to count)
-            "link": {"type": "object", "properties": {"up": _LINK_DIR, "down": _LINK_DIR}},
-            "real": {"type": ["object", "null"]},  # a real path's run: realpath.py
-            "jain": {"type": NUM}, "per_algorithm": {"type": "object"},
-            # optional (older files lack them): the run's common window, the goodput summed over it, and
-            # the link's own egress rate over it
-            "window_s": {"type": ["array", "null"], "items": {"type": "number"}},
-            "goodput_bps": {"type": NUM}, "link_window_bps": {"type": NUM},
-            "convergence_s": {"type": NUM},  # optional: a competing set's (analysis.share_convergence)
-            "errors": {"type": "array", "items": {"type": "string"}}}}
-_ROW = {"type": "object",
-        "required": ["profile", "algorithms", "algorithm", "runs", "goodput_bps", "srtt_mean_ms", "srtt_median_ms",
-                     "srtt_p95_ms", "ping_median_ms", "ping_p95_ms", "retransmit_ratio", "link_drop_ratio", "jain",
-                     "downloads", "algorithm_ok"],
-        "properties": {"profile": _NAME, "algorithms": _MIX, "algorithm": _ALG, "runs": {"type": "integer"},
-                       "goodput_bps": _CI, "srtt_mean_ms": _CI, "srtt_median_ms": _CI, "srtt_p95_ms": _CI,
-                       "ping_median_ms": _CI, "ping_p95_ms": _CI, "retransmit_ratio": _CI, "link_drop_ratio": _CI,
-                       "jain": _CI, "algorithm_ok": {"type": "boolean"},
-                       # competing sets only: the share, and harm against the same algorithm run alone (if run)
-                       "share": _CI, "convergence_s": _CI, "harm": {"type": "object", "properties": {
-                           "throughput": _CI, "srtt_p95": _CI, "retransmit_ratio": _CI,
-                           "solo_runs": {"type": "integer"}}},
-                       "downloads": {"type": "object", "required": ["total", "complete", "by_size"],
-                                     "properties": {"total": {"type": "integer"}, "complete": {"type": "integer"},
-                                                    "by_size": {"type": "object", "additionalProperties": {
-                                                        "type": "object",
-                                                        "required": ["total", "complete", "completion_time_median_s"],
-                                                        "properties": {"total": {"type": "integer"},
-                                                                       "complete": {"type": "integer"},
-                                                                       "completion_time_median_s": {"type": NUM}}}}}}}}
-_PROFILE = {"type": "object", "required": ["description", "base_rtt_s", "bdp_bytes", "up_rate_bps"],
-            # a real path has no configured RTT or rate (null) and says where it goes in `real`
-            "properties": {"description": _TEXT, "base_rtt_s": {"type": NUM}, "bdp_bytes": {"type": NUM},
-                           "real": {"type": "object"}, "queue_bytes": {"type": NUM},  # optional: up's queue
-                           "up_rate_bps": {"type": NUM}, "down_rate_bps": {"type": NUM}}}
-_IMPLEMENTATION = {"type": "object", "required": ["name", "implementation", "display"],
-                   "properties": {"name": _ALG, "implementation": {"enum": ["kernel", "bpf"]},
-                                  "display": {"type": "string", "maxLength": 64},
-                                  "sha256": {"type": ["string", "null"], "pattern": r"[0-9a-f]{64}"},
-                                  "object": {"type": ["string", "null"]}}}
-_CHECK = {"type": "object", "required": ["ok", "message"],
-          "properties": {"ok": {"type": "boolean"}, "message": {"type": "string"}}}
-SCHEMA = {
-    "type": "object",
-    "required": ["schema_version", "tool", "scenario", "profiles", "algorithms", "skipped_algorithms", "quick",
-                 "runs_per_unit", "seed", "run_order", "environment", "emulation_checks", "runs", "summary",
-                 "errors", "warnings", "started_at", "finished_at", "complete", "missing_runs", "interrupted",
-                 "backend_requested", "resumed_at"],
-    "properties": {
-        "schema_version": {"enum": [SCHEMA_VERSION]},
-        "tool": {"type": "object", "required": ["name", "version"]},
-        "scenario": {"type": "object", "required": ["name", "description", "source", "duration_s", "warmup_s",
-                                                    "sample_interval_s", "definition"],
-                     "properties": {"name": _NAME, "description": {"type": "string"}, "source": {"type": "string"},
-                                    "duration_s": {"type": "number"}, "warmup_s": {"type": "number"},
-                                    "sample_interval_s": {"type": "number"}, "definition": {"type": "object"},
-                                    "download_timeout_s": {"type": NUM}}},  # optional: older files lack it
-        "profiles": {"type": "object", "additionalProperties": _PROFILE},
-        "algorithms": {"type": "array", "items": _MIX},
-        "skipped_algorithms": {"type": "array", "items": _ALG},
-        "quick": {"type": "boolean"}, "runs_per_unit": {"type": "integer"}, "seed": {"type": "integer"},
-        "run_order": {"type": "array", "items": {"type": "string"}},
-        "environment": {"type": "object", "required": ["kernel", "sysctls", "offloads", "ccscope_version",
-                                                       "iperf3_version", "seed", "run_order"],
-                        "properties": {"sysctls": {"type": "object"}, "offloads": {"type": "object"},
-                                       "sysctls_sender_ns": {"type": "object"}}},
-        "emulation_checks": {"type": "object", "additionalProperties": _CHECK},
-        "runs": {"type": "array", "items": _RUN},
-        "summary": {"type": "array", "items": _ROW},
-        "errors": {"type": "array", "items": {"type": "string"}},
-        "warnings": {"type": "array", "items": {"type": "string"}},
-        "started_at": {"type": "string"}, "finished_at": {"type": ["string", "null"]},
-        "complete": {"type": "boolean"}, "missing_runs": {"type": "array", "items": {"type": "string"}},
-        "interrupted": {"type": ["string", "null"]}, "backend_requested": {"type": "string"},
-        "resumed_at": {"type": "array", "items": {"type": "string"}},
-        # optional: which implementation ran each algorithm (kernel module or ccscope's BPF); older files lack it
-        "implementations": {"type": "object", "additionalProperties": _IMPLEMENTATION},
-        # optional: what the runs measured about each real path (realpath.summary); absent without one
-        "real_paths": {"type": "object"},
-        # optional: the slice of the plan a `--shard K/N` run holds (shard.py); absent when one host ran it all
-        "shard": {"type": ["object", "null"], "required": ["index", "count", "plan_hash", "runs"],
-                  "properties": {"index": {"type": "integer"}, "count": {"type": "integer"},
-                                 "plan_hash": {"type": "string", "pattern": r"sha256:[0-9a-f]{64}"},
-                                 "runs": {"type": "array", "items": {"type": "string"}}}},
-        # optional: the shards `ccscope merge` combined (merge.py); absent otherwise
-        "merged": {"type": ["object", "null"], "required": ["plan_hash", "count", "shards", "missing_shards",
-                                                            "mixed"],
-                   "properties": {"plan_hash": {"type": "string"}, "count": {"type": "integer"},
-                                  "shards": {"type": "array", "items": {"type": "object"}},
-                                  "missing_shards": {"type": "array", "items": {"type": "integer"}},
-                                  "mixed": {"type": "array", "items": {"type": "string"}}}},
-    },
-}
-RUN_SCHEMA = _RUN
+SCHEMA = schema_of(ResultsDocument)  # the validator, from the document's one definition (document.py)
+RUN_SCHEMA = SCHEMA["properties"]["runs"]["items"]
 # What a --resume must match: everything that decides which units run and how (not when, or where from).
 IDENTITY = ("scenario", "profiles", "algorithms", "skipped_algorithms", "quick", "runs_per_unit", "seed",
             "run_order", "backend_requested", "shard")
