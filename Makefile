@@ -50,7 +50,7 @@ daemon/ccscope/bpf/cc/%.bpf.o: bpf/cc/%.bpf.c bpf/cc/cc_common.h bpf/cc/cc_state
 delayline: $(DELAYLINE)
 
 $(DELAYLINE): daemon/ccscope/emulation/delayline.c
-	$(CC) -O2 -Wall -Wextra -Werror -o $@ $< -lnetfilter_queue -lnfnetlink
+	$(CC) -O2 -Wall -Wextra -Werror -o $@ $< -lnetfilter_queue -lnfnetlink -lm
 
 assets: $(ASSETS)
 

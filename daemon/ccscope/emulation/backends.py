@@ -158,8 +158,8 @@ def tbf_params(rate_bps: float, queue_bytes: int) -> dict:
 def apply_link(ipr: IPRoute, ifindex: int, link: LinkProfile, backend: str, base_rtt_s: float) -> dict:
     """Installs the kernel part of one direction on `ifindex`; returns what was installed."""
     installed: dict = {"qdiscs": []}
-    # A trace link runs wholly in the delay line (its queue is there too), on either backend.
-    netem_root = backend == "netem" and not link.trace and (link.delay_s or link.jitter_s or link.loss)
+    # A trace or AQM link runs wholly in the delay line (its queue is there too), on either backend.
+    netem_root = backend == "netem" and not link.in_delayline and (link.delay_s or link.jitter_s or link.loss)
     tbf_parent = None
     if netem_root:
         kw = {"delay": int(link.delay_s * 1e6), "jitter": int(link.jitter_s * 1e6), "limit": NETEM_LIMIT,
@@ -172,7 +172,7 @@ def apply_link(ipr: IPRoute, ifindex: int, link: LinkProfile, backend: str, base
     if link.rate_bps is not None and link.isolate is not None:
         lines, installed["isolate"] = _apply_isolation(ipr, ifindex, link, base_rtt_s, tbf_parent)
         installed["qdiscs"] += lines
-    elif link.rate_bps is not None:
+    elif link.rate_bps is not None and not link.in_delayline:
         queue_bytes = link.queue_bytes(base_rtt_s)
         assert queue_bytes is not None
         params = tbf_params(link.rate_bps, queue_bytes)
@@ -279,8 +279,12 @@ class DelayLine:
         argv = [str(DELAYLINE), "--queue", str(queue_num), "--delay-us", str(round(link.delay_s * 1e6)),
                 "--jitter-us", str(round(link.jitter_s * 1e6)), "--loss", repr(link.loss), "--seed", str(seed),
                 "--maxlen", str(NFQUEUE_MAXLEN), "--stats", str(stats_path), "--realtime"]
-        if link.trace is not None:
-            argv += ["--trace", str(link.trace)]
+        if link.in_delayline:  # the bottleneck too: a trace, or a rate and its AQM
+            if link.trace is not None:
+                argv += ["--trace", str(link.trace)]
+            else:
+                assert link.rate_bps is not None and link.aqm is not None
+                argv += ["--rate-bps", str(round(link.rate_bps)), *link.aqm.delayline_args()]
             if link.queue is not None and link.queue.packets is not None:
                 argv += ["--queue-packets", str(link.queue.packets)]
             else:

@@ -3,13 +3,14 @@
 // Kernels without sch_netem (WSL2, Firecracker, minimal cloud kernels) still have NFQUEUE. The router
 // namespace sends one direction's forwarded packets to one queue (iptables ... -j NFQUEUE --queue-num N,
 // no --queue-bypass: a bypass would silently remove the delay). This program holds every packet for
-// delay (+ jitter) and then accepts it, drops a random fraction `loss`, and optionally releases packets
-// only at the delivery opportunities of a Mahimahi trace. Rate limiting and the bottleneck queue of
-// fixed-rate links stay in the kernel (tbf on the router's egress), so the delay line here is separate
-// from the bottleneck queue.
+// delay (+ jitter) and then accepts it, drops a random fraction `loss`, and optionally owns the
+// bottleneck: its queue, then either the delivery opportunities of a Mahimahi trace (--trace) or a fixed
+// rate (--rate-bps) with an active queue management (--aqm codel). Otherwise rate limiting and the
+// bottleneck queue stay in the kernel (tbf on the router's egress), separate from the delay line.
 //
-// Stage order per packet: random loss -> delay line (FIFO) -> [trace mode: drop-tail queue -> trace
-// delivery opportunity] -> NF_ACCEPT.
+// Stage order per packet: random loss -> delay line (FIFO) -> [bottleneck queue (drop-tail at its
+// limit) -> a trace's delivery opportunity, or the AQM's dequeue and the link's serialization at the
+// rate] -> NF_ACCEPT.
 //
 // Order is always kept: with jitter a packet is never released before the one queued ahead of it
 // (release = max(arrival + delay + U(-jitter, +jitter), previous release)), like a real path whose
@@ -18,7 +19,8 @@
 // rates.
 //
 // Usage: ccscope-delayline --queue N [--delay-us D] [--jitter-us J] [--loss P] [--seed S]
-//          [--trace FILE [--queue-packets N | --queue-bytes N]] [--maxlen N] [--stats FILE] [--realtime]
+//          [--trace FILE | --rate-bps R [--aqm fifo|codel [--target-us T] [--interval-us I]]]
+//          [--queue-packets N | --queue-bytes N] [--maxlen N] [--stats FILE] [--realtime]
 // Prints "ready" on stdout once bound to the queue. SIGUSR1 writes counters to the stats file
 // (key value lines, `seq` increments per write); SIGTERM/SIGINT write them and exit.
 #define _GNU_SOURCE
@@ -27,6 +29,7 @@
 #include <getopt.h>
 #include <arpa/inet.h>
 #include <inttypes.h>
+#include <math.h>
 #include <linux/netfilter.h>
 #include <poll.h>
 #include <sched.h>
@@ -43,6 +46,9 @@
 #include <libnetfilter_queue/libnetfilter_queue.h>
 
 #define TRACE_OPPORTUNITY_BYTES 1500
+#define ETH_HEADER_BYTES 14 // a rate is at layer 2, as tbf counts it: the IP packet and its Ethernet header
+#define MTU_BYTES 1500	    // CoDel does not drop when no more than one packet is queued (the kernel's mtu)
+#define SOJOURN_BUCKETS 96  // bucket i holds sojourns in [2^(i/4), 2^((i+1)/4)) us, up to 2^24 us (16 s)
 #define RECV_BATCH 32
 // A release this much after it was due means the machine did not run us (the delay line itself wakes
 // within 0.14 ms of a release beside two busy loops, over 100 ping trains): the packet's delay is the machine's, not the
@@ -52,7 +58,8 @@
 struct pkt {
 	uint32_t id;
 	uint32_t len;
-	int64_t t; // release time from the delay line (monotonic ns)
+	int64_t t;   // release time from the delay line (monotonic ns)
+	int64_t enq; // when it entered the bottleneck queue (for the AQM's sojourn time)
 };
 
 // Growable FIFO ring of packets.
@@ -107,17 +114,33 @@ static int64_t *trace_ms; // delivery opportunities, ms offsets
 static size_t trace_n;
 static int64_t trace_period_ms;
 static uint64_t tq_limit_packets, tq_limit_bytes;
+static double rate_bps; // 0: no rate of our own (the kernel's tbf, or a trace)
 
-static struct ring delayq, traceq;
+static struct ring delayq, bq; // the delay line, and the bottleneck queue (trace or rate mode)
 static int64_t last_release;
 static int64_t trace_base;
 static size_t trace_idx;
 static uint64_t trace_loop;
 static int64_t trace_carry;
 
+// Rate mode: the packet on the wire, and when the link is free again.
+static struct pkt on_wire;
+static int wire_busy;
+static int64_t link_free;
+
+// CoDel (RFC 8289), as the kernel's include/net/codel_impl.h runs it; times in ns.
+static struct {
+	int on;
+	int64_t target, interval;
+	uint32_t count, lastcount;
+	int dropping;
+	int64_t first_above_time, drop_next;
+} codel = {.target = 5000000, .interval = 100000000};
+
 static struct {
 	uint64_t packets, bytes, accepted, random_drops, queue_drops, enobufs, max_held, seq, stamped;
-	uint64_t late_releases, max_late_ns;
+	uint64_t late_releases, max_late_ns, aqm_drops;
+	uint64_t sojourn[SOJOURN_BUCKETS]; // of every packet the bottleneck sent (rate mode)
 } st;
 
 static int64_t release_now; // when the current round of releases happens (monotonic ns)
@@ -220,9 +243,14 @@ static void write_stats(void)
 		"seq %" PRIu64 "\npackets %" PRIu64 "\nbytes %" PRIu64 "\naccepted %" PRIu64
 		"\nrandom_drops %" PRIu64 "\nqueue_drops %" PRIu64 "\nkernel_queue_dropped %" PRIu64
 		"\nkernel_user_dropped %" PRIu64 "\nenobufs %" PRIu64 "\nmax_held %" PRIu64 "\nheld %zu"
-		"\nkernel_stamped %" PRIu64 "\nlate_releases %" PRIu64 "\nmax_late_us %" PRIu64 "\n",
+		"\nkernel_stamped %" PRIu64 "\nlate_releases %" PRIu64 "\nmax_late_us %" PRIu64
+		"\naqm_drops %" PRIu64 "\n",
 		st.seq, st.packets, st.bytes, st.accepted, st.random_drops, st.queue_drops, kqd, kud, st.enobufs,
-		st.max_held, delayq.n + traceq.n, st.stamped, st.late_releases, st.max_late_ns / 1000);
+		st.max_held, delayq.n + bq.n + (size_t)wire_busy, st.stamped, st.late_releases, st.max_late_ns / 1000,
+		st.aqm_drops);
+	for (int i = 0; i < SOJOURN_BUCKETS; i++)
+		if (st.sojourn[i])
+			fprintf(f, "sojourn_bucket_%d %" PRIu64 "\n", i, st.sojourn[i]);
 	fclose(f);
 	rename(tmp, stats_path);
 }
@@ -253,34 +281,151 @@ static void advance_opportunity(void)
 	}
 }
 
-// Moves a packet that left the delay line into the trace queue (drop-tail).
-static void enter_trace_queue(struct nfq_q_handle *qh, struct pkt p)
+// Moves a packet that left the delay line into the bottleneck queue (drop-tail at its limit).
+static void enter_bottleneck(struct nfq_q_handle *qh, struct pkt p)
 {
-	if ((tq_limit_packets && traceq.n + 1 > tq_limit_packets) ||
-	    (tq_limit_bytes && traceq.bytes + p.len > tq_limit_bytes)) {
+	if ((tq_limit_packets && bq.n + 1 > tq_limit_packets) || (tq_limit_bytes && bq.bytes + p.len > tq_limit_bytes)) {
 		st.queue_drops++;
 		nfq_set_verdict(qh, p.id, NF_DROP, 0, NULL);
 		return;
 	}
-	ring_push(&traceq, p);
+	p.enq = p.t;
+	ring_push(&bq, p);
+}
+
+static void aqm_drop(struct nfq_q_handle *qh, const struct pkt *p)
+{
+	st.aqm_drops++;
+	nfq_set_verdict(qh, p->id, NF_DROP, 0, NULL);
+}
+
+// codel_should_drop(): the packet waited above target for a whole interval (and more than one packet
+// is left, so dropping cannot starve the link). NULL: the queue ran empty.
+static int codel_should_drop(const struct pkt *p, int64_t now)
+{
+	if (!p || now - p->enq < codel.target || bq.bytes <= MTU_BYTES) {
+		codel.first_above_time = 0;
+		return 0;
+	}
+	if (codel.first_above_time == 0) {
+		codel.first_above_time = now + codel.interval;
+		return 0;
+	}
+	return now >= codel.first_above_time;
+}
+
+static int64_t codel_control_law(int64_t t, uint32_t count)
+{
+	return t + (int64_t)((double)codel.interval / sqrt((double)count));
+}
+
+// The next packet of the bottleneck queue to send at `now`, after CoDel's drops (codel_dequeue() of the
+// kernel); 0 if none is left.
+static int codel_dequeue(struct nfq_q_handle *qh, int64_t now, struct pkt *out)
+{
+	if (!bq.n) {
+		codel.dropping = 0;
+		return 0;
+	}
+	struct pkt p = ring_pop(&bq);
+	int have = 1, drop = codel_should_drop(&p, now);
+	if (codel.dropping) {
+		if (!drop) {
+			codel.dropping = 0;
+		} else {
+			while (codel.dropping && now >= codel.drop_next) {
+				codel.count++;
+				aqm_drop(qh, &p);
+				have = bq.n > 0;
+				if (have)
+					p = ring_pop(&bq);
+				if (!codel_should_drop(have ? &p : NULL, now))
+					codel.dropping = 0;
+				else
+					codel.drop_next = codel_control_law(codel.drop_next, codel.count);
+			}
+		}
+	} else if (drop) {
+		aqm_drop(qh, &p);
+		have = bq.n > 0;
+		if (have)
+			p = ring_pop(&bq);
+		codel_should_drop(have ? &p : NULL, now);
+		codel.dropping = 1;
+		uint32_t delta = codel.count - codel.lastcount;
+		codel.count = (delta > 1 && now - codel.drop_next < 16 * codel.interval) ? delta : 1;
+		codel.lastcount = codel.count;
+		codel.drop_next = codel_control_law(now, codel.count);
+	}
+	if (have)
+		*out = p;
+	return have;
+}
+
+static void count_sojourn(int64_t ns)
+{
+	double us = ns > 0 ? (double)ns / 1000.0 : 0.0;
+	int i = us < 1.0 ? 0 : (int)(4.0 * log2(us));
+	st.sojourn[i < SOJOURN_BUCKETS ? i : SOJOURN_BUCKETS - 1]++;
+}
+
+// Rate mode at `t`: the link is free, so the bottleneck queue's next packet (after the AQM) goes on the
+// wire, to be released when its last bit has left at the rate.
+static void start_sending(struct nfq_q_handle *qh, int64_t t)
+{
+	struct pkt p;
+	int have = codel.on ? codel_dequeue(qh, t, &p) : (bq.n ? (p = ring_pop(&bq), 1) : 0);
+	if (!have)
+		return;
+	count_sojourn(t - p.enq);
+	on_wire = p;
+	wire_busy = 1;
+	link_free = t + (int64_t)((double)(p.len + ETH_HEADER_BYTES) * 8e9 / rate_bps + 0.5);
+}
+
+// Rate mode: the same as run_due below, with the wire instead of trace opportunities.
+static int64_t run_due_rate(struct nfq_q_handle *qh, int64_t now)
+{
+	for (;;) {
+		struct pkt *d = ring_front(&delayq);
+		int64_t td = d ? d->t : INT64_MAX;
+		int64_t tf = wire_busy ? link_free : INT64_MAX; // the packet on the wire has left
+		int64_t ts = INT64_MAX;				// the next one goes on the wire
+		if (!wire_busy && bq.n)
+			ts = link_free > ring_front(&bq)->enq ? link_free : ring_front(&bq)->enq;
+		int64_t t = td < tf ? td : tf;
+		t = t < ts ? t : ts;
+		if (t > now)
+			return t == INT64_MAX ? -1 : t;
+		if (tf == t) {
+			wire_busy = 0;
+			accept_pkt(&on_wire, link_free);
+		} else if (td == t) {
+			enter_bottleneck(qh, ring_pop(&delayq));
+		} else {
+			start_sending(qh, t);
+		}
+	}
 }
 
 // Processes every event due by `now` in time order; returns the time of the next event or -1.
 static int64_t run_due(struct nfq_q_handle *qh, int64_t now)
 {
+	if (rate_bps > 0)
+		return run_due_rate(qh, now);
 	for (;;) {
 		struct pkt *d = ring_front(&delayq);
 		int64_t td = d ? d->t : INT64_MAX;
 		int64_t to = INT64_MAX;
 		if (trace_n) {
-			if (!traceq.n) {
+			if (!bq.n) {
 				// Opportunities pass unused while the queue is empty (as in Mahimahi).
 				int64_t horizon = d ? d->t : now;
 				while (next_opportunity() < horizon)
 					advance_opportunity();
 				trace_carry = 0;
 			}
-			if (traceq.n)
+			if (bq.n)
 				to = next_opportunity();
 		}
 		int64_t t = td < to ? td : to;
@@ -289,18 +434,18 @@ static int64_t run_due(struct nfq_q_handle *qh, int64_t now)
 		if (td <= to) {
 			struct pkt p = ring_pop(&delayq);
 			if (trace_n)
-				enter_trace_queue(qh, p);
+				enter_bottleneck(qh, p);
 			else
 				accept_pkt(&p, p.t);
 		} else {
 			int64_t budget = TRACE_OPPORTUNITY_BYTES + trace_carry;
-			while (traceq.n && ring_front(&traceq)->len <= budget) {
-				struct pkt p = ring_pop(&traceq);
+			while (bq.n && ring_front(&bq)->len <= budget) {
+				struct pkt p = ring_pop(&bq);
 				budget -= p.len;
 				accept_pkt(&p, to);
 			}
 			// A packet larger than what is left keeps the remainder toward its delivery.
-			trace_carry = traceq.n ? budget : 0;
+			trace_carry = bq.n ? budget : 0;
 			advance_opportunity();
 		}
 	}
@@ -342,7 +487,7 @@ static int on_packet(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_d
 		t = last_release; // keep order
 	last_release = t;
 	ring_push(&delayq, (struct pkt){.id = id, .len = len, .t = t});
-	uint64_t held = delayq.n + traceq.n;
+	uint64_t held = delayq.n + bq.n + (uint64_t)wire_busy;
 	if (held > st.max_held)
 		st.max_held = held;
 	return 0;
@@ -382,8 +527,9 @@ static void load_trace(const char *path)
 static void usage(void)
 {
 	fprintf(stderr, "usage: ccscope-delayline --queue N [--delay-us D] [--jitter-us J] [--loss P] "
-			"[--seed S] [--trace FILE [--queue-packets N|--queue-bytes N]] [--maxlen N] "
-			"[--stats FILE] [--realtime]\n");
+			"[--seed S] [--trace FILE | --rate-bps R [--aqm fifo|codel [--target-us T] "
+			"[--interval-us I]]] [--queue-packets N|--queue-bytes N] [--maxlen N] [--stats FILE] "
+			"[--realtime]\n");
 	exit(2);
 }
 
@@ -395,7 +541,9 @@ int main(int argc, char **argv)
 		{"seed", required_argument, 0, 's'},	 {"trace", required_argument, 0, 't'},
 		{"queue-packets", required_argument, 0, 'p'}, {"queue-bytes", required_argument, 0, 'b'},
 		{"maxlen", required_argument, 0, 'm'},	 {"stats", required_argument, 0, 'o'},
-		{"realtime", no_argument, 0, 'r'},	 {0, 0, 0, 0},
+		{"realtime", no_argument, 0, 'r'},	 {"rate-bps", required_argument, 0, 'R'},
+		{"aqm", required_argument, 0, 'A'},	 {"target-us", required_argument, 0, 'T'},
+		{"interval-us", required_argument, 0, 'I'}, {0, 0, 0, 0},
 	};
 	long long maxlen = 1 << 17;
 	int have_queue = 0, realtime = 0, c;
@@ -413,10 +561,20 @@ int main(int argc, char **argv)
 		case 'm': maxlen = strtoll(optarg, NULL, 10); break;
 		case 'o': stats_path = optarg; break;
 		case 'r': realtime = 1; break;
+		case 'R': rate_bps = strtod(optarg, NULL); break;
+		case 'A':
+			if (strcmp(optarg, "codel") == 0)
+				codel.on = 1;
+			else if (strcmp(optarg, "fifo") != 0)
+				usage();
+			break;
+		case 'T': codel.target = strtoll(optarg, NULL, 10) * 1000LL; break;
+		case 'I': codel.interval = strtoll(optarg, NULL, 10) * 1000LL; break;
 		default: usage();
 		}
 	}
-	if (!have_queue || delay_ns < 0 || jitter_ns < 0 || loss < 0 || loss > 1 || maxlen <= 0)
+	if (!have_queue || delay_ns < 0 || jitter_ns < 0 || loss < 0 || loss > 1 || maxlen <= 0 || rate_bps < 0 ||
+	    (rate_bps > 0 && trace) || (codel.on && rate_bps <= 0) || codel.target <= 0 || codel.interval <= 0)
 		usage();
 	if (trace)
 		load_trace(trace);

@@ -24,6 +24,8 @@ Semantics
   for everything else with the link's `queue`. `isolate: short` is the defaults; the mapping form is
   `isolate: {queue: 20p, ports: [5300]}`. The interactive class is guaranteed 90 % of the rate, the
   bulk one 10 %, and either may use all of it when the other is idle. It needs a `rate` (not a trace).
+- `aqm` names the bottleneck queue's active queue management (aqm.py): `fifo` (drop-tail, the default) or
+  `codel`; `queue` stays its hard limit. An AQM link's rate and queue run in the delay line.
 
 YAML accepts either `up:`/`down:` sections or flat keys, which apply to both directions. Flat keys
 next to `up:`/`down:` are defaults that the sections override.
@@ -41,6 +43,8 @@ from ccscope import units
 from ccscope.errors import UsageError
 from ccscope.safe_input import read_text
 from ccscope.units import NUMBER, is_number, parse_loss, require_finite
+
+from .aqm import Aqm
 
 ETH_FRAME = 1514  # bytes of a full-MSS frame as tbf counts it (1500 IP + 14 Ethernet)
 MIN_DEFAULT_QUEUE_PACKETS = 10
@@ -227,13 +231,27 @@ class Isolation:
         return f"isolate icmp+port {','.join(map(str, self.ports))}{queue}"
 
 
-_LINK_KEYS = ("rate", "delay", "jitter", "loss", "queue", "trace", "isolate")
+def _check_aqm(raw: Any, where: str, rate: float | None, trace: Path | None, isolate: Isolation | None) -> Aqm | None:
+    aqm = Aqm.parse(raw, where)
+    if aqm is None:
+        return None
+    if rate is None and trace is None:
+        raise UsageError(f"{where}: an AQM manages a bottleneck queue; give a rate")
+    if aqm.manages and trace is not None:
+        raise UsageError(f"{where}: ccscope's delay line runs an AQM at a rate, not on a trace")
+    if aqm.manages and isolate is not None:
+        raise UsageError(f"{where}: give either aqm or isolate (isolate's two drop-tail queues are a cure of their "
+                         "own)")
+    return aqm
+
+
+_LINK_KEYS = ("rate", "delay", "jitter", "loss", "queue", "trace", "isolate", "aqm")
 
 
 def _check_flat_keys(flat: dict, where: str) -> None:
     parsers = {
         "rate": parse_rate, "delay": parse_delay, "jitter": parse_delay, "loss": parse_loss,
-        "queue": QueueSize.parse, "trace": _check_trace, "isolate": Isolation.parse,
+        "queue": QueueSize.parse, "trace": _check_trace, "isolate": Isolation.parse, "aqm": Aqm.parse,
     }  # fmt: skip
     for key, value in flat.items():
         if key not in parsers:
@@ -253,6 +271,7 @@ class LinkProfile:
     queue: QueueSize | None = None
     trace: Path | None = None
     isolate: Isolation | None = None
+    aqm: Aqm | None = None  # None: drop-tail, as `fifo`
 
     def __post_init__(self) -> None:
         if self.trace is not None and self.rate_bps is not None:
@@ -284,8 +303,14 @@ class LinkProfile:
             raise UsageError(f"{where}.isolate: a trace link has one queue in the delay line; isolate needs a rate")
         if isolate is not None and rate is None:
             raise UsageError(f"{where}.isolate: the queues share a bottleneck rate; give a rate")
+        aqm = _check_aqm(data.get("aqm"), f"{where}.aqm", rate, trace, isolate)
         return cls(rate_bps=rate, delay_s=delay, jitter_s=jitter, loss=loss, queue=queue, trace=trace,
-                   isolate=isolate)
+                   isolate=isolate, aqm=aqm)
+
+    @property
+    def in_delayline(self) -> bool:
+        """The delay line owns this direction's bottleneck (its rate or trace, and its queue)."""
+        return self.trace is not None or (self.aqm is not None and self.aqm.manages)
 
     def effective_rate_bps(self) -> float | None:
         if self.trace is not None:
@@ -322,6 +347,8 @@ class LinkProfile:
             parts.append(f"queue {self.queue}")
         if self.isolate is not None:
             parts.append(self.isolate.describe())
+        if self.aqm is not None and self.aqm.manages:
+            parts.append(self.aqm.describe())
         return ", ".join(parts)
 
 

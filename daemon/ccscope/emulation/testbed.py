@@ -32,7 +32,7 @@ from ccscope.errors import CcscopeError, UsageError
 from ccscope.host import algorithms, state
 from ccscope.hosttools import need, sh
 
-from . import backends, pathcheck
+from . import backends, pathcheck, sojourn
 from .netns import iproute_in, ns_argv
 from .profile import ETH_FRAME, PathProfile
 
@@ -45,6 +45,8 @@ OFFLOADS = ("tso", "gso", "gro")
 FRAME = ETH_FRAME
 _RUN_ID = re.compile(r"^[a-z0-9]{1,16}$")
 NUD_PERMANENT = 0x80  # include/uapi/linux/neighbour.h
+DRAIN_POLL_S = 0.01  # what a probe left in the bottlenecks is looked at this often (Testbed.wait_drained)
+MAX_DRAIN_S = 30.0  # and no longer than this (a queue of seconds at a very low rate)
 
 
 @dataclass(frozen=True)
@@ -119,8 +121,8 @@ class Testbed:
         if self.backend == "userspace" and any(link.delay_s or link.jitter_s or link.loss
                                                for link in (self.profile.up, self.profile.down)):
             need("iptables")
-        if any(link.trace for link in (self.profile.up, self.profile.down)):
-            need("iptables")  # trace links always run in the delay line
+        if any(link.in_delayline for link in (self.profile.up, self.profile.down)):
+            need("iptables")  # trace and AQM links always run in the delay line
             if caps.delayline is None or not caps.nfqueue:
                 backends.choose_backend("userspace", caps)  # raises the missing prerequisite
         # The state file comes first: a kill -9 from here on leaves only what cleanup_all() removes.
@@ -193,8 +195,8 @@ class Testbed:
 
         iproute_in(self.router_ns, apply)
         for queue_num, (direction, link) in enumerate((("up", self.profile.up), ("down", self.profile.down))):
-            in_kernel = self.backend == "netem" and not link.trace
-            if in_kernel or not (link.delay_s or link.jitter_s or link.loss or link.trace):
+            in_kernel = self.backend == "netem" and not link.in_delayline
+            if in_kernel or not (link.delay_s or link.jitter_s or link.loss or link.in_delayline):
                 continue
             self.stats_dir.mkdir(parents=True, exist_ok=True)
             dl = backends.DelayLine(self.router_ns, queue_num, link, rtt, self.stats_dir / f"{direction}.stats",
@@ -332,7 +334,10 @@ class Testbed:
             if dl is not None:
                 s = dl.stats()
                 rec["random_drops"] += s.get("random_drops", 0)
-                rec["queue_drops"] += s.get("queue_drops", 0)
+                rec["queue_drops"] += s.get("queue_drops", 0)  # its bottleneck's limit (a trace's, an AQM's)
+                if getattr(self.profile, direction).in_delayline:
+                    rec["aqm_drops"] = s.get("aqm_drops", 0)
+                    rec.update({k: v for k, v in s.items() if k.startswith(sojourn.PREFIX)})
                 rec["delay_overflows"] = s.get("kernel_queue_dropped", 0) + s.get("kernel_user_dropped", 0)
             out[direction] = rec
         return out
@@ -462,8 +467,36 @@ class Testbed:
         late_msg = f" (the delay line released {late} packets late: the machine did not run it)" if late else ""
         msg = (f"RTT {rtt * 1e3:.2f} ms (expected {model.expected_s * 1e3:.2f} ms "
                f"± {model.tolerance_s * 1e3:.2f}) {'ok' if rtt_ok else 'OFF'}{late_msg}; {rate_msg} [{self.backend}]")
+        self.wait_drained()
         return VerifyResult(model.expected_s, rtt, rtt_ok, None if rate_plan is None else rate_plan.expected_bps,
                             rate, rate_ok, msg)
+
+    def wait_drained(self) -> None:
+        """Until no packet is left in a bottleneck (the delay lines and the kernel shapers), so that the
+        counters read next start from an idle path: a rate probe leaves its queue full, and a codel link
+        went on to drop 6 of its 209 packets after the check had returned. At most as long as every queue
+        takes to drain at its rate, plus the delays, plus a second; then the counters carry that tail."""
+        deadline = time.monotonic() + self._drain_bound_s()
+        while self._queued() and time.monotonic() < deadline:
+            time.sleep(DRAIN_POLL_S)
+
+    def _drain_bound_s(self) -> float:
+        bound = 1.0 + 2 * self.profile.base_rtt_s
+        for link in (self.profile.up, self.profile.down):
+            rate, queue = link.effective_rate_bps(), link.queue_bytes(self.profile.base_rtt_s)
+            if rate and queue:
+                bound += queue * 8 / rate
+        return min(bound, MAX_DRAIN_S)
+
+    def _queued(self) -> int:
+        """Packets in the delay lines (any stage) and bytes in the kernel shapers' backlogs."""
+        held = sum(dl.stats().get("held", 0) for dl in self._delaylines.values())
+
+        def backlogs(ipr: IPRoute) -> int:
+            return sum(backends.qdisc_stats_by_handle(ipr, _ifindex(ipr, dev)).get(backends.SHAPER_HANDLE, {})
+                       .get("backlog", 0) for dev in ("veth-rr", "veth-rs"))
+
+        return held + iproute_in(self.router_ns, backlogs)
 
 
 def _mbit(bps: float) -> str:

@@ -93,11 +93,21 @@ class PingResult(TypedDict):
     csv: NotRequired[str | None]
 
 
+class Sojourn(TypedDict):
+    """The queueing delay packets saw at a bottleneck the delay line owns (emulation/sojourn.py)."""
+    count: int
+    median_ms: float
+    p95_ms: float
+    p99_ms: float
+
+
 class LinkDirection(TypedDict):
     """The emulated bottleneck's counters of one direction over the run (the backend may add more)."""
     packets: int
-    queue_drops: int
+    queue_drops: int  # at the queue's hard limit (tail drops)
     random_drops: int
+    aqm_drops: NotRequired[int]  # the AQM's own, before the limit (a link whose AQM runs in the delay line)
+    sojourn: NotRequired[Sojourn]
 
 
 class Link(TypedDict, total=False):
@@ -177,6 +187,14 @@ class SummaryRow(TypedDict):
     harm: NotRequired[Harm]
 
 
+class AqmEntry(TypedDict):
+    """A direction's AQM (emulation/aqm.py) and which implementation ran it."""
+    name: str
+    target_s: float | None
+    interval_s: float | None
+    implementation: Literal["kernel", "ccscope"]
+
+
 class ProfileEntry(TypedDict):
     description: Text
     base_rtt_s: float | None  # a real path has no configured RTT or rate (null) and says where it goes in `real`
@@ -184,6 +202,7 @@ class ProfileEntry(TypedDict):
     up_rate_bps: float | None
     down_rate_bps: NotRequired[float | None]
     queue_bytes: NotRequired[float | None]  # up's queue
+    aqm: NotRequired[dict[str, AqmEntry]]  # by direction, where a link has an AQM
     real: NotRequired[dict[str, Any]]
 
 

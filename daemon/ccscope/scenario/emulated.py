@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ccscope.emulation import sojourn
 from ccscope.emulation.testbed import Testbed
 
 from .document import ResultsDocument
@@ -104,5 +105,12 @@ def bulk_series(flow: BulkFlow, series: dict[int, FlowSeries]) -> FlowSeries | N
 
 
 def _link_delta(after: dict, before: dict) -> dict:
-    return {d: {k: v - before.get(d, {}).get(k, 0) if isinstance(v, int) else v for k, v in counters.items()}
-            for d, counters in after.items()}
+    """The run's share of the link's counters; the delay line's sojourn buckets become their percentiles."""
+    link = {}
+    for direction, counters in after.items():
+        delta = {k: v - before.get(direction, {}).get(k, 0) if isinstance(v, int) else v for k, v in counters.items()}
+        queued = sojourn.summary(delta)
+        link[direction] = {k: v for k, v in delta.items() if not k.startswith(sojourn.PREFIX)}
+        if queued is not None:
+            link[direction]["sojourn"] = queued
+    return link

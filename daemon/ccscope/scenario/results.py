@@ -138,9 +138,14 @@ def _profile_entry(p) -> dict:
     if is_real(p):
         return {"description": p.describe(), "base_rtt_s": None, "bdp_bytes": None, "up_rate_bps": None,
                 "down_rate_bps": None, "real": p.as_dict()}
-    return {"description": p.describe(), "base_rtt_s": p.base_rtt_s, "bdp_bytes": p.bdp_bytes,
-            "up_rate_bps": p.up.effective_rate_bps(), "down_rate_bps": p.down.effective_rate_bps(),
-            "queue_bytes": p.up.queue_bytes(p.base_rtt_s)}
+    entry = {"description": p.describe(), "base_rtt_s": p.base_rtt_s, "bdp_bytes": p.bdp_bytes,
+             "up_rate_bps": p.up.effective_rate_bps(), "down_rate_bps": p.down.effective_rate_bps(),
+             "queue_bytes": p.up.queue_bytes(p.base_rtt_s)}
+    aqms = {direction: link.aqm.as_dict("ccscope" if link.in_delayline else "kernel")
+            for direction, link in (("up", p.up), ("down", p.down)) if link.aqm is not None}
+    if aqms:
+        entry["aqm"] = aqms
+    return entry
 
 
 def identity_mismatch(stored: dict, fresh: dict) -> str | None:

@@ -1,0 +1,89 @@
+"""Active queue management at an emulated bottleneck: which AQM manages the queue, with what parameters.
+
+A link profile's `aqm` names one: `aqm: codel`, or a mapping with its parameters,
+`aqm: {name: codel, target: 5ms, interval: 100ms}`. `fifo` is today's drop-tail queue (the default).
+`queue` stays the bottleneck's hard limit: the AQM drops before it is full, the limit drops at it.
+
+Where it runs: ccscope's userspace delay line (delayline.c) owns the bottleneck of an AQM link, its rate
+and queue, on either backend (as for a trace). It runs CoDel (RFC 8289) as the kernel's codel_impl.h does,
+dropping. The other AQMs the field uses are named here so that a scenario that asks for one gets one clear
+line, not "unknown key"; they are not in the delay line yet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ccscope.errors import UsageError
+from ccscope.units import format_seconds, parse_duration
+
+KNOWN = ("fifo", "codel", "fq_codel", "pie", "fq_pie", "cake", "dualpi2")
+IN_DELAYLINE = ("fifo", "codel")
+# RFC 8289 section 4.2-4.3 and the kernel's defaults (codel_params_init): 5 ms target, 100 ms interval.
+CODEL_TARGET_S = 0.005
+CODEL_INTERVAL_S = 0.100
+_PARAMETERS = {"codel": ("target", "interval")}
+
+
+@dataclass(frozen=True)
+class Aqm:
+    name: str
+    target_s: float | None = None  # CoDel: the acceptable standing queue (sojourn time)
+    interval_s: float | None = None  # CoDel: how long the queue may stay above target (about a worst RTT)
+
+    @classmethod
+    def parse(cls, raw: Any, where: str) -> Aqm | None:
+        """'codel', {name: codel, target: 5ms, interval: 100ms}; None for null."""
+        if raw is None:
+            return None
+        data = {"name": raw} if isinstance(raw, str) else raw
+        if not isinstance(data, dict):
+            raise UsageError(f"{where}: expected an AQM's name ({', '.join(KNOWN)}) or a mapping with `name`, "
+                             f"got {raw!r}")
+        name = _name(data.get("name"), where)
+        allowed = _PARAMETERS.get(name, ())
+        for key in data:
+            if key != "name" and key not in allowed:
+                known = ", ".join(("name", *allowed))
+                raise UsageError(f"{where}.{key}: unknown key for {name} (known: {known})")
+        if name != "codel":
+            return cls(name)
+        target = parse_duration(data.get("target", CODEL_TARGET_S), f"{where}.target", 1e-4, 1.0)
+        interval = parse_duration(data.get("interval", CODEL_INTERVAL_S), f"{where}.interval", 1e-3, 10.0)
+        if target >= interval:
+            raise UsageError(f"{where}.target: {format_seconds(target)} is not below the interval "
+                             f"{format_seconds(interval)} (RFC 8289: 5 % to 10 % of it)")
+        return cls(name, target, interval)
+
+    @property
+    def manages(self) -> bool:
+        """Anything but drop-tail: the delay line owns the bottleneck."""
+        return self.name != "fifo"
+
+    def delayline_args(self) -> list[str]:
+        args = ["--aqm", self.name]
+        if self.name == "codel":
+            assert self.target_s is not None and self.interval_s is not None
+            args += ["--target-us", str(round(self.target_s * 1e6)), "--interval-us", str(round(self.interval_s * 1e6))]
+        return args
+
+    def describe(self) -> str:
+        if self.name == "codel":
+            assert self.target_s is not None and self.interval_s is not None
+            return f"codel target {format_seconds(self.target_s)} interval {format_seconds(self.interval_s)}"
+        return self.name
+
+    def as_dict(self, implementation: str) -> dict:
+        """results.json's record of it: the name, its parameters, and which implementation ran it
+        ("kernel": a qdisc; "ccscope": the delay line)."""
+        return {"name": self.name, "target_s": self.target_s, "interval_s": self.interval_s,
+                "implementation": implementation}
+
+
+def _name(raw: Any, where: str) -> str:
+    if not isinstance(raw, str) or raw not in KNOWN:
+        raise UsageError(f"{where}: {raw!r} is not an AQM (known: {', '.join(KNOWN)})")
+    if raw not in IN_DELAYLINE:
+        raise UsageError(f"{where}: {raw} is not in ccscope's delay line yet; it runs {', '.join(IN_DELAYLINE)}")
+    return raw

@@ -1,0 +1,36 @@
+"""The queueing (sojourn) delay packets saw at a bottleneck the delay line owns, from its own histogram.
+
+delayline.c counts each packet the bottleneck sends in bucket i = floor(4 log2(sojourn in us)), so bucket i
+holds [2^(i/4), 2^((i+1)/4)) us: about 19 % wide, from 1 us to 16 s. The stats file has one line per bucket
+that is not empty (`sojourn_bucket_<i> <count>`). A percentile is its bucket's geometric middle (within 9 %).
+"""
+
+from __future__ import annotations
+
+import math
+
+PREFIX = "sojourn_bucket_"
+
+
+def buckets(stats: dict[str, int]) -> dict[int, int]:
+    return {int(key.removeprefix(PREFIX)): count for key, count in stats.items() if key.startswith(PREFIX) and count}
+
+
+def summary(stats: dict[str, int]) -> dict | None:
+    """{count, median_ms, p95_ms, p99_ms} of the counters' buckets; None if no packet was counted."""
+    counts = sorted(buckets(stats).items())
+    total = sum(n for _, n in counts)
+    if not total:
+        return None
+    return {"count": total, **{f"{name}_ms": _percentile(counts, total, q)
+                               for name, q in (("median", 0.50), ("p95", 0.95), ("p99", 0.99))}}
+
+
+def _percentile(counts: list[tuple[int, int]], total: int, q: float) -> float:
+    rank = math.ceil(q * total)
+    seen = 0
+    for index, n in counts:
+        seen += n
+        if seen >= rank:
+            return 2 ** ((index + 0.5) / 4) / 1e3
+    raise AssertionError("unreachable: rank <= total")
