@@ -7,6 +7,7 @@ only count what belongs to this process or to a dead run: their live testbeds ar
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import subprocess
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ccscope.cc import registry
+from ccscope.emulation import Testbed
 from ccscope.host import state
 from pyroute2 import IPRoute
 
@@ -158,3 +160,21 @@ def left_by(pid: int) -> list[str]:
     names = set(state.list_namespaces())
     return ([f"state file {r.run_id}" for r in runs] + [ns for r in runs for ns in r.namespaces if ns in names]
             + sorted(ns for ns in names if ns.startswith(f"ccs-probe-{pid}-")))
+
+
+def iperf3(tb: Testbed, *args: str, seconds: float = 3, omit: float = 1) -> dict:
+    """One TCP iperf3 run sender -> receiver; returns the -J document."""
+    port = str(5201 + os.getpid() % 1000)
+    server = tb.popen(tb.receiver_ns, ["iperf3", "-s", "-1", "-p", port], stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        listening = tb.run(tb.receiver_ns, ["ss", "-Hltn", f"sport = :{port}"], timeout=5).stdout
+        if listening.strip():
+            break
+        time.sleep(0.02)
+    res = tb.run(tb.sender_ns, ["iperf3", "-c", tb.receiver_addr, "-p", port, "-J", "-t", str(seconds),
+                                "-O", str(omit), *args], timeout=seconds + omit + 20)
+    server.wait(timeout=5)
+    data = json.loads(res.stdout)
+    assert "error" not in data, data.get("error")
+    return data

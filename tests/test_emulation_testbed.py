@@ -25,7 +25,7 @@ from ccscope.emulation.profile import SHORT_FLOW_PORT
 from ccscope.host import state as emu_state
 from ccscope.host.state import cleanup_all
 from ccscope_testkit.prereqs import require, require_root, require_tools
-from emulation_helpers import HostSnapshot
+from emulation_helpers import HostSnapshot, iperf3
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,24 +42,6 @@ def host_left_clean():
 
 def profile(name: str = "p", **data) -> PathProfile:
     return PathProfile.from_dict(name, data, f"profiles.{name}")
-
-
-def iperf3(tb: Testbed, *args: str, seconds: float = 3, omit: float = 1) -> dict:
-    """One TCP iperf3 run sender -> receiver; returns the -J document."""
-    port = str(5201 + os.getpid() % 1000)
-    server = tb.popen(tb.receiver_ns, ["iperf3", "-s", "-1", "-p", port], stdout=subprocess.DEVNULL)
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        listening = tb.run(tb.receiver_ns, ["ss", "-Hltn", f"sport = :{port}"], timeout=5).stdout
-        if listening.strip():
-            break
-        time.sleep(0.02)
-    res = tb.run(tb.sender_ns, ["iperf3", "-c", tb.receiver_addr, "-p", port, "-J", "-t", str(seconds),
-                                "-O", str(omit), *args], timeout=seconds + omit + 20)
-    server.wait(timeout=5)
-    data = json.loads(res.stdout)
-    assert "error" not in data, data.get("error")
-    return data
 
 
 def test_probe_finds_the_qdiscs_this_kernel_has():

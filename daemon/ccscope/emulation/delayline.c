@@ -19,7 +19,7 @@
 // rates.
 //
 // Usage: ccscope-delayline --queue N [--delay-us D] [--jitter-us J] [--loss P] [--seed S]
-//          [--trace FILE | --rate-bps R [--aqm fifo|codel [--target-us T] [--interval-us I]]]
+//          [--trace FILE | --rate-bps R [--aqm fifo|codel [--target-us T] [--interval-us I] [--ecn]]]
 //          [--queue-packets N | --queue-bytes N] [--maxlen N] [--stats FILE] [--realtime]
 // Prints "ready" on stdout once bound to the queue. SIGUSR1 writes counters to the stats file
 // (key value lines, `seq` increments per write); SIGTERM/SIGINT write them and exit.
@@ -60,6 +60,10 @@ struct pkt {
 	uint32_t len;
 	int64_t t;   // release time from the delay line (monotonic ns)
 	int64_t enq; // when it entered the bottleneck queue (for the AQM's sojourn time)
+	// With an AQM that marks (--ecn): the whole packet as the kernel gave it, to release with CE set.
+	unsigned char *data;
+	uint32_t caplen;
+	int marked;
 };
 
 // Growable FIFO ring of packets.
@@ -130,7 +134,7 @@ static int64_t link_free;
 
 // CoDel (RFC 8289), as the kernel's include/net/codel_impl.h runs it; times in ns.
 static struct {
-	int on;
+	int on, ecn;
 	int64_t target, interval;
 	uint32_t count, lastcount;
 	int dropping;
@@ -139,7 +143,7 @@ static struct {
 
 static struct {
 	uint64_t packets, bytes, accepted, random_drops, queue_drops, enobufs, max_held, seq, stamped;
-	uint64_t late_releases, max_late_ns, aqm_drops;
+	uint64_t late_releases, max_late_ns, aqm_drops, aqm_marks;
 	uint64_t sojourn[SOJOURN_BUCKETS]; // of every packet the bottleneck sent (rate mode)
 } st;
 
@@ -244,10 +248,10 @@ static void write_stats(void)
 		"\nrandom_drops %" PRIu64 "\nqueue_drops %" PRIu64 "\nkernel_queue_dropped %" PRIu64
 		"\nkernel_user_dropped %" PRIu64 "\nenobufs %" PRIu64 "\nmax_held %" PRIu64 "\nheld %zu"
 		"\nkernel_stamped %" PRIu64 "\nlate_releases %" PRIu64 "\nmax_late_us %" PRIu64
-		"\naqm_drops %" PRIu64 "\n",
+		"\naqm_drops %" PRIu64 "\naqm_marks %" PRIu64 "\n",
 		st.seq, st.packets, st.bytes, st.accepted, st.random_drops, st.queue_drops, kqd, kud, st.enobufs,
 		st.max_held, delayq.n + bq.n + (size_t)wire_busy, st.stamped, st.late_releases, st.max_late_ns / 1000,
-		st.aqm_drops);
+		st.aqm_drops, st.aqm_marks);
 	for (int i = 0; i < SOJOURN_BUCKETS; i++)
 		if (st.sojourn[i])
 			fprintf(f, "sojourn_bucket_%d %" PRIu64 "\n", i, st.sojourn[i]);
@@ -255,17 +259,91 @@ static void write_stats(void)
 	rename(tmp, stats_path);
 }
 
-// Releases p, which was due at `due` (its delay line time, or the trace opportunity that carries it).
-static void accept_pkt(const struct pkt *p, int64_t due)
+static void forget(struct pkt *p)
+{
+	free(p->data);
+	p->data = NULL;
+}
+
+static void count_release(int64_t due)
 {
 	int64_t late = release_now - due;
 	if (late > LATE_NS)
 		st.late_releases++;
 	if (late > 0 && (uint64_t)late > st.max_late_ns)
 		st.max_late_ns = (uint64_t)late;
+	st.accepted++;
+}
+
+// Releases p, which was due at `due` (its delay line time, or the trace opportunity that carries it), in
+// the next batch verdict.
+static void accept_pkt(struct pkt *p, int64_t due)
+{
+	count_release(due);
 	max_accept_id = p->id;
 	have_accept = 1;
-	st.accepted++;
+	forget(p);
+}
+
+static void flush_accepts(struct nfq_q_handle *qh)
+{
+	if (have_accept) {
+		nfq_set_verdict_batch(qh, max_accept_id, NF_ACCEPT);
+		have_accept = 0;
+	}
+}
+
+// Releases p with the header CE marked: alone, after every packet ahead of it (a batch verdict would
+// release p as the kernel holds it, unmarked).
+static void accept_marked(struct nfq_q_handle *qh, struct pkt *p, int64_t due)
+{
+	flush_accepts(qh);
+	count_release(due);
+	nfq_set_verdict(qh, p->id, NF_ACCEPT, p->caplen, p->data);
+	forget(p);
+}
+
+// INET_ECN_set_ce(): CE into an ECN-capable packet (ECT(0) or ECT(1)), the IPv4 header checksum updated
+// for the changed word (RFC 1624, eqn. 3); 1 if the packet now carries CE. 0 for one that is not
+// ECN-capable, or whose copy is not the whole packet: the AQM drops it instead.
+static int set_ce(struct pkt *p)
+{
+	unsigned char *h = p->data;
+	if (!h || p->caplen < p->len || p->caplen < 20)
+		return 0;
+	if ((h[0] >> 4) == 4) {
+		if ((h[1] & 3) == 0)
+			return 0;
+		if ((h[1] & 3) == 3)
+			return 1;
+		uint16_t old = (uint16_t)(h[0] << 8 | h[1]);
+		h[1] |= 3;
+		uint32_t sum = (uint16_t)~(h[10] << 8 | h[11]);
+		sum += (uint16_t)~old;
+		sum += (uint16_t)(h[0] << 8 | h[1]);
+		sum = (sum & 0xffff) + (sum >> 16);
+		sum = (sum & 0xffff) + (sum >> 16);
+		h[10] = (unsigned char)(~sum >> 8);
+		h[11] = (unsigned char)~sum;
+	} else if ((h[0] >> 4) == 6 && p->caplen >= 40) {
+		if (((h[1] >> 4) & 3) == 0)
+			return 0;
+		h[1] |= 0x30;
+	} else {
+		return 0;
+	}
+	p->marked = 1;
+	return 1;
+}
+
+// CoDel's choice at the head, where it would drop: mark instead if it may and the packet can carry it.
+static int codel_mark(struct pkt *p)
+{
+	if (codel.ecn && set_ce(p)) {
+		st.aqm_marks++;
+		return 1;
+	}
+	return 0;
 }
 
 static int64_t next_opportunity(void)
@@ -287,16 +365,18 @@ static void enter_bottleneck(struct nfq_q_handle *qh, struct pkt p)
 	if ((tq_limit_packets && bq.n + 1 > tq_limit_packets) || (tq_limit_bytes && bq.bytes + p.len > tq_limit_bytes)) {
 		st.queue_drops++;
 		nfq_set_verdict(qh, p.id, NF_DROP, 0, NULL);
+		forget(&p);
 		return;
 	}
 	p.enq = p.t;
 	ring_push(&bq, p);
 }
 
-static void aqm_drop(struct nfq_q_handle *qh, const struct pkt *p)
+static void aqm_drop(struct nfq_q_handle *qh, struct pkt *p)
 {
 	st.aqm_drops++;
 	nfq_set_verdict(qh, p->id, NF_DROP, 0, NULL);
+	forget(p);
 }
 
 // codel_should_drop(): the packet waited above target for a whole interval (and more than one packet
@@ -335,6 +415,10 @@ static int codel_dequeue(struct nfq_q_handle *qh, int64_t now, struct pkt *out)
 		} else {
 			while (codel.dropping && now >= codel.drop_next) {
 				codel.count++;
+				if (codel_mark(&p)) {
+					codel.drop_next = codel_control_law(codel.drop_next, codel.count);
+					break;
+				}
 				aqm_drop(qh, &p);
 				have = bq.n > 0;
 				if (have)
@@ -346,11 +430,13 @@ static int codel_dequeue(struct nfq_q_handle *qh, int64_t now, struct pkt *out)
 			}
 		}
 	} else if (drop) {
-		aqm_drop(qh, &p);
-		have = bq.n > 0;
-		if (have)
-			p = ring_pop(&bq);
-		codel_should_drop(have ? &p : NULL, now);
+		if (!codel_mark(&p)) {
+			aqm_drop(qh, &p);
+			have = bq.n > 0;
+			if (have)
+				p = ring_pop(&bq);
+			codel_should_drop(have ? &p : NULL, now);
+		}
 		codel.dropping = 1;
 		uint32_t delta = codel.count - codel.lastcount;
 		codel.count = (delta > 1 && now - codel.drop_next < 16 * codel.interval) ? delta : 1;
@@ -399,7 +485,10 @@ static int64_t run_due_rate(struct nfq_q_handle *qh, int64_t now)
 			return t == INT64_MAX ? -1 : t;
 		if (tf == t) {
 			wire_busy = 0;
-			accept_pkt(&on_wire, link_free);
+			if (on_wire.marked)
+				accept_marked(qh, &on_wire, link_free);
+			else
+				accept_pkt(&on_wire, link_free);
 		} else if (td == t) {
 			enter_bottleneck(qh, ring_pop(&delayq));
 		} else {
@@ -462,7 +551,7 @@ static int on_packet(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_d
 	unsigned char *payload;
 	int plen = nfq_get_payload(nfa, &payload);
 	uint32_t len = 0;
-	// We copy only the headers; the IP header carries the full length.
+	// We copy only the headers (the whole packet when the AQM marks); the IP header carries the full length.
 	if (plen >= 20 && (payload[0] >> 4) == 4)
 		len = ((uint32_t)payload[2] << 8) | payload[3];
 	else if (plen >= 40 && (payload[0] >> 4) == 6)
@@ -486,7 +575,17 @@ static int on_packet(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_d
 	if (t < last_release)
 		t = last_release; // keep order
 	last_release = t;
-	ring_push(&delayq, (struct pkt){.id = id, .len = len, .t = t});
+	struct pkt p = {.id = id, .len = len, .t = t};
+	if (codel.ecn && plen > 0) {
+		p.data = malloc((size_t)plen);
+		if (!p.data) {
+			perror("ccscope-delayline: malloc");
+			exit(1);
+		}
+		memcpy(p.data, payload, (size_t)plen);
+		p.caplen = (uint32_t)plen;
+	}
+	ring_push(&delayq, p);
 	uint64_t held = delayq.n + bq.n + (uint64_t)wire_busy;
 	if (held > st.max_held)
 		st.max_held = held;
@@ -528,7 +627,7 @@ static void usage(void)
 {
 	fprintf(stderr, "usage: ccscope-delayline --queue N [--delay-us D] [--jitter-us J] [--loss P] "
 			"[--seed S] [--trace FILE | --rate-bps R [--aqm fifo|codel [--target-us T] "
-			"[--interval-us I]]] [--queue-packets N|--queue-bytes N] [--maxlen N] [--stats FILE] "
+			"[--interval-us I] [--ecn]]] [--queue-packets N|--queue-bytes N] [--maxlen N] [--stats FILE] "
 			"[--realtime]\n");
 	exit(2);
 }
@@ -543,7 +642,8 @@ int main(int argc, char **argv)
 		{"maxlen", required_argument, 0, 'm'},	 {"stats", required_argument, 0, 'o'},
 		{"realtime", no_argument, 0, 'r'},	 {"rate-bps", required_argument, 0, 'R'},
 		{"aqm", required_argument, 0, 'A'},	 {"target-us", required_argument, 0, 'T'},
-		{"interval-us", required_argument, 0, 'I'}, {0, 0, 0, 0},
+		{"interval-us", required_argument, 0, 'I'}, {"ecn", no_argument, 0, 'E'},
+		{0, 0, 0, 0},
 	};
 	long long maxlen = 1 << 17;
 	int have_queue = 0, realtime = 0, c;
@@ -570,11 +670,12 @@ int main(int argc, char **argv)
 			break;
 		case 'T': codel.target = strtoll(optarg, NULL, 10) * 1000LL; break;
 		case 'I': codel.interval = strtoll(optarg, NULL, 10) * 1000LL; break;
+		case 'E': codel.ecn = 1; break;
 		default: usage();
 		}
 	}
 	if (!have_queue || delay_ns < 0 || jitter_ns < 0 || loss < 0 || loss > 1 || maxlen <= 0 || rate_bps < 0 ||
-	    (rate_bps > 0 && trace) || (codel.on && rate_bps <= 0) || codel.target <= 0 || codel.interval <= 0)
+	    (rate_bps > 0 && trace) || (codel.on && rate_bps <= 0) || (codel.ecn && !codel.on) || codel.target <= 0 || codel.interval <= 0)
 		usage();
 	if (trace)
 		load_trace(trace);
@@ -599,8 +700,9 @@ int main(int argc, char **argv)
 		fprintf(stderr, "ccscope-delayline: cannot bind queue %u: %s\n", queue_num, strerror(errno));
 		return 1;
 	}
-	// Headers only: the IP header gives the length, the payload stays in the kernel.
-	if (nfq_set_mode(qh, NFQNL_COPY_PACKET, 64) < 0) {
+	// Headers only: the IP header gives the length, the payload stays in the kernel. An AQM that marks
+	// copies the whole packet: it releases it with a rewritten header, which replaces the kernel's copy.
+	if (nfq_set_mode(qh, NFQNL_COPY_PACKET, codel.ecn ? 0xffff : 64) < 0) {
 		perror("ccscope-delayline: nfq_set_mode");
 		return 1;
 	}

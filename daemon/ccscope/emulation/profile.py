@@ -26,6 +26,8 @@ Semantics
   bulk one 10 %, and either may use all of it when the other is idle. It needs a `rate` (not a trace).
 - `aqm` names the bottleneck queue's active queue management (aqm.py): `fifo` (drop-tail, the default) or
   `codel`; `queue` stays its hard limit. An AQM link's rate and queue run in the delay line.
+- `ecn` (on the profile, not a direction) is what the endpoints' TCP negotiates: `off`, `on` or `accecn`
+  (aqm.ENDPOINT_ECN), set in the scenario's namespaces only.
 
 YAML accepts either `up:`/`down:` sections or flat keys, which apply to both directions. Flat keys
 next to `up:`/`down:` are defaults that the sections override.
@@ -44,7 +46,7 @@ from ccscope.errors import UsageError
 from ccscope.safe_input import read_text
 from ccscope.units import NUMBER, is_number, parse_loss, require_finite
 
-from .aqm import Aqm
+from .aqm import Aqm, endpoint_ecn
 
 ETH_FRAME = 1514  # bytes of a full-MSS frame as tbf counts it (1500 IP + 14 Ethernet)
 MIN_DEFAULT_QUEUE_PACKETS = 10
@@ -255,7 +257,7 @@ def _check_flat_keys(flat: dict, where: str) -> None:
     }  # fmt: skip
     for key, value in flat.items():
         if key not in parsers:
-            raise UsageError(f"{where}.{key}: unknown key (known: up, down, description, {', '.join(_LINK_KEYS)})")
+            raise UsageError(f"{where}.{key}: unknown key (known: up, down, description, ecn, {', '.join(_LINK_KEYS)})")
         if value is not None:
             parsers[key](value, f"{where}.{key}")
 
@@ -363,13 +365,15 @@ class PathProfile:
     name: str
     up: LinkProfile  # sender -> receiver (data)
     down: LinkProfile  # receiver -> sender (ACKs)
+    ecn: str | None = None  # the endpoints' net.ipv4.tcp_ecn mode (aqm.ENDPOINT_ECN); None: the kernel's default
 
     @classmethod
     def from_dict(cls, name: str, data: dict, where: str) -> PathProfile:
         if not isinstance(data, dict):
             raise UsageError(f"{where}: expected a mapping (rate, delay, ... or up:/down:), got {data!r}")
         check_text(data.get("description", ""), f"{where}.description")
-        flat = {k: v for k, v in data.items() if k not in ("up", "down", "description")}
+        flat = {k: v for k, v in data.items() if k not in ("up", "down", "description", "ecn")}
+        ecn = endpoint_ecn(data.get("ecn"), f"{where}.ecn")
         _check_flat_keys(flat, where)  # errors in flat keys name the key where it was written
         links = {}
         for direction in ("up", "down"):
@@ -380,7 +384,7 @@ class PathProfile:
                 raise UsageError(f"{where}.{direction}: expected a mapping, got {section!r}")
             merged = {**flat, **section}
             links[direction] = LinkProfile.from_dict(merged, f"{where}.{direction}")
-        return cls(name=name, up=links["up"], down=links["down"])
+        return cls(name=name, up=links["up"], down=links["down"], ecn=ecn)
 
     @property
     def base_rtt_s(self) -> float:

@@ -28,11 +28,11 @@ from pathlib import Path
 
 from pyroute2 import IPRoute
 
-from ccscope.errors import CcscopeError, UsageError
+from ccscope.errors import CcscopeError, PrerequisiteError, UsageError
 from ccscope.host import algorithms, state
 from ccscope.hosttools import need, sh
 
-from . import backends, pathcheck, sojourn
+from . import aqm, backends, pathcheck, sojourn
 from .netns import iproute_in, ns_argv
 from .profile import ETH_FRAME, PathProfile
 
@@ -153,6 +153,20 @@ class Testbed:
         self._pin_neighbours([((s, "veth-s", SENDER_ADDR), (r, "veth-rs", ROUTER_SENDER_ADDR)),
                               ((r, "veth-rr", ROUTER_RECEIVER_ADDR), (c, "veth-r", RECEIVER_ADDR))])
         sh(ns_argv(r, ["sysctl", "-q", "-w", "net.ipv4.ip_forward=1"]))
+        if self.profile.ecn is not None:
+            self._set_ecn(self.profile.ecn, (s, c))
+
+    @staticmethod
+    def _set_ecn(mode: str, namespaces: tuple[str, ...]) -> None:
+        """The endpoints' ECN mode, per namespace: the host's own tcp_ecn is never touched."""
+        value = aqm.ENDPOINT_ECN[mode]
+        for ns in namespaces:
+            try:
+                sh(ns_argv(ns, ["sysctl", "-q", "-w", f"net.ipv4.tcp_ecn={value}"]))
+            except CcscopeError:
+                raise PrerequisiteError(f"ecn: {mode}: this kernel refuses net.ipv4.tcp_ecn={value} (it does not "
+                                        "negotiate Accurate ECN)" if mode == "accecn" else
+                                        f"ecn: {mode}: this kernel refuses net.ipv4.tcp_ecn={value}") from None
 
     @staticmethod
     def _pin_neighbours(pairs: list[tuple[tuple[str, str, str], tuple[str, str, str]]]) -> None:
@@ -337,6 +351,7 @@ class Testbed:
                 rec["queue_drops"] += s.get("queue_drops", 0)  # its bottleneck's limit (a trace's, an AQM's)
                 if getattr(self.profile, direction).in_delayline:
                     rec["aqm_drops"] = s.get("aqm_drops", 0)
+                    rec["aqm_marks"] = s.get("aqm_marks", 0)
                     rec.update({k: v for k, v in s.items() if k.startswith(sojourn.PREFIX)})
                 rec["delay_overflows"] = s.get("kernel_queue_dropped", 0) + s.get("kernel_user_dropped", 0)
             out[direction] = rec

@@ -107,6 +107,7 @@ class LinkDirection(TypedDict):
     queue_drops: int  # at the queue's hard limit (tail drops)
     random_drops: int
     aqm_drops: NotRequired[int]  # the AQM's own, before the limit (a link whose AQM runs in the delay line)
+    aqm_marks: NotRequired[int]  # CE marks it set instead of dropping
     sojourn: NotRequired[Sojourn]
 
 
@@ -192,6 +193,7 @@ class AqmEntry(TypedDict):
     name: str
     target_s: float | None
     interval_s: float | None
+    ecn: NotRequired[bool]  # marks instead of dropping
     implementation: Literal["kernel", "ccscope"]
 
 
@@ -203,6 +205,7 @@ class ProfileEntry(TypedDict):
     down_rate_bps: NotRequired[float | None]
     queue_bytes: NotRequired[float | None]  # up's queue
     aqm: NotRequired[dict[str, AqmEntry]]  # by direction, where a link has an AQM
+    ecn: NotRequired[str]  # what the endpoints' TCP was set to negotiate (off, on, accecn), where the profile says
     real: NotRequired[dict[str, Any]]
 
 

@@ -145,6 +145,8 @@ def _profile_entry(p) -> dict:
             for direction, link in (("up", p.up), ("down", p.down)) if link.aqm is not None}
     if aqms:
         entry["aqm"] = aqms
+    if p.ecn is not None:
+        entry["ecn"] = p.ecn
     return entry
 
 
