@@ -1,13 +1,13 @@
-"""`aqm:` on a link profile: CoDel in ccscope's delay line against drop-tail, on this machine.
+"""`aqm:` on a link profile and `ecn:` on a profile: CoDel in ccscope's delay line, dropping and marking.
 
-One scenario run (a fifo and a codel profile, one cubic bulk flow with ping beside it each) feeds the
-behaviour assertions; the parse tests need no root."""
+What CoDel does to a whole scenario (pings, downloads, goodput, drops against retransmits, marks) is claimed
+on the bufferbloat built-in's codel profiles at full length (tests/test_scenario_full.py); here: the keys, the
+delay line's marks against the receiver's kernel, and the sojourn histogram. The parse tests need no root."""
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -15,8 +15,7 @@ import pytest
 from ccscope.emulation import Testbed, aqm, sojourn
 from ccscope.emulation.profile import LinkProfile, PathProfile
 from ccscope.errors import PrerequisiteError, UsageError
-from ccscope.scenario import results
-from ccscope_testkit.prereqs import require_root, require_scenario, require_tools
+from ccscope_testkit.prereqs import require_root, require_tools
 from emulation_helpers import iperf3
 
 
@@ -71,74 +70,6 @@ def test_sojourn_percentiles_from_the_delay_lines_buckets() -> None:
     assert got["median_ms"] == pytest.approx(2 ** (52.5 / 4) / 1e3)
     assert got["p95_ms"] == pytest.approx(2 ** (60.5 / 4) / 1e3)
     assert sojourn.summary({}) is None
-
-
-SCENARIO = """\
-name: codel-vs-fifo
-description: one cubic flow into a 200-packet queue at 20 Mbit/s, 20 ms RTT, drop-tail against CoDel
-algorithms: [cubic]
-duration: 10s
-warmup: 3s
-runs: 1
-seed: 5
-profiles:
-  fifo: {rate: 20mbit, delay: 10ms, queue: 200p}
-  codel: {rate: 20mbit, delay: 10ms, queue: 200p, up: {aqm: codel}}
-traffic:
-  bulk: {flows: 1}
-  ping: {interval: 50ms}
-"""
-
-
-@pytest.fixture(scope="module")
-def codel_vs_fifo(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    require_root()
-    require_scenario()
-    where = tmp_path_factory.mktemp("aqm")
-    (where / "s.yaml").write_text(SCENARIO)
-    ran = subprocess.run([sys.executable, "-m", "ccscope.cli", "scenario", "run", str(where / "s.yaml"),
-                          "--listen", "off", "--out", str(where / "out")], capture_output=True, text=True,
-                         timeout=300, check=False)
-    assert ran.returncode == 0, ran.stderr
-    doc = results.load(where / "out")
-    return {run["profile"]: run for run in doc["runs"]} | {"doc": doc}
-
-
-def test_codel_keeps_the_standing_queue_near_its_target(codel_vs_fifo) -> None:
-    """Drop-tail lets cubic fill the 200 packets (121 ms at 20 Mbit/s); CoDel holds the queue near 5 ms.
-    Ping beside the flow is the independent view: base RTT 20 ms."""
-    fifo, codel = codel_vs_fifo["fifo"], codel_vs_fifo["codel"]
-    assert fifo["ping"]["rtt_ms"]["median"] > 20 + 60, fifo["ping"]
-    assert codel["ping"]["rtt_ms"]["median"] < 20 + 15, codel["ping"]
-    up = codel["link"]["up"]
-    assert up["sojourn"]["median_ms"] < 10, up["sojourn"]  # the delay line's own view of the same queue
-    assert up["sojourn"]["count"] >= up["packets"] * 0.99, up  # every packet the bottleneck sent
-
-
-def test_codel_keeps_the_link_busy(codel_vs_fifo) -> None:
-    """At full utilization: goodput over 90 % of the 20 Mbit/s layer-2 rate (1448/1514 of it at most)."""
-    for run in (codel_vs_fifo["fifo"], codel_vs_fifo["codel"]):
-        assert run["goodput_bps"] > 0.9 * 20e6 * 1448 / 1514, run["goodput_bps"]
-
-
-def test_every_codel_drop_is_a_retransmit(codel_vs_fifo) -> None:
-    """The delay line's drops of the data direction against the sender's own count of retransmitted
-    segments (TCP_INFO total_retrans): each dropped segment was sent again; a few more (a tail-loss probe,
-    a spurious retransmit) are allowed."""
-    run = codel_vs_fifo["codel"]
-    up, (flow,) = run["link"]["up"], run["flows"]
-    pings_lost = run["ping"]["sent"] - run["ping"]["received"]  # an echo request CoDel dropped is no segment
-    drops = up["aqm_drops"] + up["queue_drops"]
-    assert up["aqm_drops"] > up["queue_drops"], up  # CoDel acts before the hard limit (slow start may reach it)
-    assert drops - pings_lost <= flow["retransmits"] <= drops + 5, (drops, pings_lost, flow["retransmits"])
-
-
-def test_results_say_which_implementation_ran_the_aqm(codel_vs_fifo) -> None:
-    profiles = codel_vs_fifo["doc"]["profiles"]
-    assert profiles["codel"]["aqm"] == {"up": {"name": "codel", "target_s": 0.005, "interval_s": 0.1, "ecn": False,
-                                              "implementation": "ccscope"}}
-    assert "aqm" not in profiles["fifo"]
-    assert "codel target 5ms interval 100ms" in profiles["codel"]["description"]
 
 
 def test_a_path_profile_with_codel_both_ways() -> None:

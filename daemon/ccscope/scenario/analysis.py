@@ -223,12 +223,18 @@ def flow_metrics(series, warmup_s: float, t0: float) -> tuple[dict, list[float]]
             "retransmit_ratio": retransmit_ratio(last.retransmits, last.bytes_sent, last.mss_bytes)}, srtts
 
 
+def _sojourn(run: dict, key: str) -> float | None:
+    """The queueing delay at the data direction's bottleneck, where the delay line measured it (an AQM link)."""
+    return ((run.get("link") or {}).get("up") or {}).get("sojourn", {}).get(key)
+
+
 def link_drop_ratio(link: dict | None) -> float | None:
-    """Drops at the emulated bottleneck of the data direction / packets offered to it."""
+    """Drops at the emulated bottleneck of the data direction (its queue's limit, an AQM's, random loss) /
+    packets offered to it. An AQM's marks are not drops."""
     if not link or "up" not in link:
         return None
     up = link["up"]
-    drops = up.get("queue_drops", 0) + up.get("random_drops", 0)
+    drops = up.get("queue_drops", 0) + up.get("random_drops", 0) + up.get("aqm_drops", 0)
     offered = up.get("packets", 0) + drops
     return drops / offered if offered else None
 
@@ -266,6 +272,8 @@ def summarize(runs: list[dict], profile_order: list[str], mix_order: list[str]) 
             "srtt_p95_ms": over(lambda r, p: p["srtt_ms"]["p95"]),
             "ping_median_ms": over(lambda r, p: (r["ping"] or {}).get("rtt_ms", {}).get("median")),
             "ping_p95_ms": over(lambda r, p: (r["ping"] or {}).get("rtt_ms", {}).get("p95")),
+            "queue_delay_median_ms": over(lambda r, p: _sojourn(r, "median_ms")),
+            "queue_delay_p95_ms": over(lambda r, p: _sojourn(r, "p95_ms")),
             "retransmit_ratio": over(lambda r, p: p["retransmit_ratio"]),
             "link_drop_ratio": over(lambda r, p: link_drop_ratio(r.get("link"))),
             "jain": over(lambda r, p: r["jain"]),

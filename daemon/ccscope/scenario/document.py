@@ -182,6 +182,9 @@ class SummaryRow(TypedDict):
     jain: Interval
     downloads: DownloadsSummary
     algorithm_ok: bool
+    # the data direction's queueing delay, where the delay line measured it (an AQM link); older files lack it
+    queue_delay_median_ms: NotRequired[Interval]
+    queue_delay_p95_ms: NotRequired[Interval]
     # competing sets only
     share: NotRequired[Interval]
     convergence_s: NotRequired[Interval]
