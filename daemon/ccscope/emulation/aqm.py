@@ -8,8 +8,10 @@ codel does with its `ecn` flag (off by default there too); it still drops what c
 
 Where it runs: ccscope's userspace delay line (delayline.c) owns the bottleneck of an AQM link, its rate
 and queue, on either backend (as for a trace). It runs CoDel (RFC 8289) as the kernel's codel_impl.h does,
-dropping or marking. The other AQMs the field uses are named here so that a scenario that asks for one gets one clear
-line, not "unknown key"; they are not in the delay line yet.
+dropping or marking, and fq_codel (RFC 8290) as sch_fq_codel.c does: 1024 flow queues by 5-tuple, each
+with its own CoDel, served by deficit round robin (a quantum of 1514 bytes), new flows first; ECN marking
+on by default, as the kernel's. The other AQMs the field uses are named here so that a scenario that asks
+for one gets one clear line, not "unknown key"; they are not in the delay line yet.
 """
 
 from __future__ import annotations
@@ -21,11 +23,13 @@ from ccscope.errors import UsageError
 from ccscope.units import format_seconds, parse_duration
 
 KNOWN = ("fifo", "codel", "fq_codel", "pie", "fq_pie", "cake", "dualpi2")
-IN_DELAYLINE = ("fifo", "codel")
+IN_DELAYLINE = ("fifo", "codel", "fq_codel")
 # RFC 8289 section 4.2-4.3 and the kernel's defaults (codel_params_init): 5 ms target, 100 ms interval.
 CODEL_TARGET_S = 0.005
 CODEL_INTERVAL_S = 0.100
-_PARAMETERS = {"codel": ("target", "interval", "ecn")}
+_PARAMETERS = {"codel": ("target", "interval", "ecn"), "fq_codel": ("target", "interval", "ecn")}
+# Whether each marks by default, as the kernel's (codel: off; fq_codel: `ecn` on).
+_ECN_DEFAULT = {"codel": False, "fq_codel": True}
 
 
 @dataclass(frozen=True)
@@ -50,14 +54,14 @@ class Aqm:
             if key != "name" and key not in allowed:
                 known = ", ".join(("name", *allowed))
                 raise UsageError(f"{where}.{key}: unknown key for {name} (known: {known})")
-        if name != "codel":
+        if name not in _PARAMETERS:
             return cls(name)
         target = parse_duration(data.get("target", CODEL_TARGET_S), f"{where}.target", 1e-4, 1.0)
         interval = parse_duration(data.get("interval", CODEL_INTERVAL_S), f"{where}.interval", 1e-3, 10.0)
         if target >= interval:
             raise UsageError(f"{where}.target: {format_seconds(target)} is not below the interval "
                              f"{format_seconds(interval)} (RFC 8289: 5 % to 10 % of it)")
-        ecn = data.get("ecn", False)
+        ecn = data.get("ecn", _ECN_DEFAULT[name])
         if not isinstance(ecn, bool):
             raise UsageError(f"{where}.ecn: expected true or false, got {ecn!r}")
         return cls(name, target, interval, ecn)
@@ -69,16 +73,17 @@ class Aqm:
 
     def delayline_args(self) -> list[str]:
         args = ["--aqm", self.name]
-        if self.name == "codel":
+        if self.name in _PARAMETERS:
             assert self.target_s is not None and self.interval_s is not None
             args += ["--target-us", str(round(self.target_s * 1e6)), "--interval-us", str(round(self.interval_s * 1e6))]
         return [*args, "--ecn"] if self.ecn else args
 
     def describe(self) -> str:
-        if self.name == "codel":
+        if self.name in _PARAMETERS:
             assert self.target_s is not None and self.interval_s is not None
             marks = " ecn" if self.ecn else ""
-            return f"codel target {format_seconds(self.target_s)} interval {format_seconds(self.interval_s)}{marks}"
+            target, interval = format_seconds(self.target_s), format_seconds(self.interval_s)
+            return f"{self.name} target {target} interval {interval}{marks}"
         return self.name
 
     def as_dict(self, implementation: str) -> dict:

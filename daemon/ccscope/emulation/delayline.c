@@ -5,7 +5,7 @@
 // no --queue-bypass: a bypass would silently remove the delay). This program holds every packet for
 // delay (+ jitter) and then accepts it, drops a random fraction `loss`, and optionally owns the
 // bottleneck: its queue, then either the delivery opportunities of a Mahimahi trace (--trace) or a fixed
-// rate (--rate-bps) with an active queue management (--aqm codel). Otherwise rate limiting and the
+// rate (--rate-bps) with an active queue management (--aqm codel or fq_codel). Otherwise rate limiting and the
 // bottleneck queue stay in the kernel (tbf on the router's egress), separate from the delay line.
 //
 // Stage order per packet: random loss -> delay line (FIFO) -> [bottleneck queue (drop-tail at its
@@ -16,10 +16,10 @@
 // (release = max(arrival + delay + U(-jitter, +jitter), previous release)), like a real path whose
 // delay varies but which does not reorder. Because release order equals arrival order, one
 // nfq_set_verdict_batch() accepts every packet up to the newest one due, which keeps up at high packet
-// rates.
+// rates. fq_codel alone reorders, between flows (its point): there each packet gets a verdict of its own.
 //
 // Usage: ccscope-delayline --queue N [--delay-us D] [--jitter-us J] [--loss P] [--seed S]
-//          [--trace FILE | --rate-bps R [--aqm fifo|codel [--target-us T] [--interval-us I] [--ecn]]]
+//          [--trace FILE | --rate-bps R [--aqm fifo|codel|fq_codel [--target-us T] [--interval-us I] [--ecn]]]
 //          [--queue-packets N | --queue-bytes N] [--maxlen N] [--stats FILE] [--realtime]
 // Prints "ready" on stdout once bound to the queue. SIGUSR1 writes counters to the stats file
 // (key value lines, `seq` increments per write); SIGTERM/SIGINT write them and exit.
@@ -60,6 +60,7 @@ struct pkt {
 	uint32_t len;
 	int64_t t;   // release time from the delay line (monotonic ns)
 	int64_t enq; // when it entered the bottleneck queue (for the AQM's sojourn time)
+	uint32_t flow; // its 5-tuple's hash (fq_codel)
 	// With an AQM that marks (--ecn): the whole packet as the kernel gave it, to release with CE set.
 	unsigned char *data;
 	uint32_t caplen;
@@ -131,15 +132,44 @@ static int64_t trace_carry;
 static struct pkt on_wire;
 static int wire_busy;
 static int64_t link_free;
+static int64_t queued_since; // when the bottleneck queue last went from empty to not
 
-// CoDel (RFC 8289), as the kernel's include/net/codel_impl.h runs it; times in ns.
+// The AQM of the bottleneck queue (rate mode): its kind and CoDel's parameters (RFC 8289), times in ns.
+enum aqm_kind { AQM_FIFO, AQM_CODEL, AQM_FQ_CODEL };
 static struct {
-	int on, ecn;
+	enum aqm_kind kind;
+	int ecn; // marks ECN-capable packets where it would drop them
 	int64_t target, interval;
+} aqm = {.target = 5000000, .interval = 100000000};
+
+// CoDel's state of one queue: the bottleneck's (codel), or each flow's (fq_codel), as the kernel's
+// include/net/codel_impl.h keeps it.
+struct codel_vars {
 	uint32_t count, lastcount;
 	int dropping;
 	int64_t first_above_time, drop_next;
-} codel = {.target = 5000000, .interval = 100000000};
+};
+static struct codel_vars bq_codel;
+
+// fq_codel (RFC 8290), as the kernel's sch_fq_codel.c: packets hashed by their 5-tuple into FQ_FLOWS
+// queues, each with its own CoDel; deficit round robin of FQ_QUANTUM bytes, flows that just became active
+// (new_flows) served before the others (old_flows).
+#define FQ_FLOWS 1024
+#define FQ_QUANTUM 1514
+struct fq_flow {
+	struct ring q;
+	struct codel_vars cv;
+	int64_t deficit;
+	int list; // 0 in none, 1 new_flows, 2 old_flows
+	int next; // the next flow of its list; -1 at its tail
+};
+struct flow_list {
+	int head, tail;
+};
+static struct fq_flow *fq;
+static struct flow_list new_flows = {-1, -1}, old_flows = {-1, -1};
+static uint64_t fq_packets, fq_bytes;
+static uint32_t hash_seed;
 
 static struct {
 	uint64_t packets, bytes, accepted, random_drops, queue_drops, enobufs, max_held, seq, stamped;
@@ -250,7 +280,7 @@ static void write_stats(void)
 		"\nkernel_stamped %" PRIu64 "\nlate_releases %" PRIu64 "\nmax_late_us %" PRIu64
 		"\naqm_drops %" PRIu64 "\naqm_marks %" PRIu64 "\n",
 		st.seq, st.packets, st.bytes, st.accepted, st.random_drops, st.queue_drops, kqd, kud, st.enobufs,
-		st.max_held, delayq.n + bq.n + (size_t)wire_busy, st.stamped, st.late_releases, st.max_late_ns / 1000,
+		st.max_held, delayq.n + bq.n + fq_packets + (size_t)wire_busy, st.stamped, st.late_releases, st.max_late_ns / 1000,
 		st.aqm_drops, st.aqm_marks);
 	for (int i = 0; i < SOJOURN_BUCKETS; i++)
 		if (st.sojourn[i])
@@ -275,22 +305,29 @@ static void count_release(int64_t due)
 	st.accepted++;
 }
 
-// Releases p, which was due at `due` (its delay line time, or the trace opportunity that carries it), in
-// the next batch verdict.
-static void accept_pkt(struct pkt *p, int64_t due)
-{
-	count_release(due);
-	max_accept_id = p->id;
-	have_accept = 1;
-	forget(p);
-}
-
 static void flush_accepts(struct nfq_q_handle *qh)
 {
 	if (have_accept) {
 		nfq_set_verdict_batch(qh, max_accept_id, NF_ACCEPT);
 		have_accept = 0;
 	}
+}
+
+// Releases p, which was due at `due` (its delay line time, or the trace opportunity that carries it), in
+// the next batch verdict: every packet the kernel still holds up to p's id goes with it, which is right
+// while packets leave in the order they came. fq_codel's flows leave out of that order (a new flow's packet
+// before an older one of the bulk flow, which a batch would release early, and whose drop would then come
+// too late): one verdict each.
+static void accept_pkt(struct nfq_q_handle *qh, struct pkt *p, int64_t due)
+{
+	count_release(due);
+	if (aqm.kind == AQM_FQ_CODEL) {
+		nfq_set_verdict(qh, p->id, NF_ACCEPT, 0, NULL);
+	} else {
+		max_accept_id = p->id;
+		have_accept = 1;
+	}
+	forget(p);
 }
 
 // Releases p with the header CE marked: alone, after every packet ahead of it (a batch verdict would
@@ -339,7 +376,7 @@ static int set_ce(struct pkt *p)
 // CoDel's choice at the head, where it would drop: mark instead if it may and the packet can carry it.
 static int codel_mark(struct pkt *p)
 {
-	if (codel.ecn && set_ce(p)) {
+	if (aqm.ecn && set_ce(p)) {
 		st.aqm_marks++;
 		return 1;
 	}
@@ -359,16 +396,34 @@ static void advance_opportunity(void)
 	}
 }
 
+static int over_limit(uint64_t packets, uint64_t bytes)
+{
+	return (tq_limit_packets && packets > tq_limit_packets) || (tq_limit_bytes && bytes > tq_limit_bytes);
+}
+
+static void tail_drop(struct nfq_q_handle *qh, struct pkt *p)
+{
+	st.queue_drops++;
+	nfq_set_verdict(qh, p->id, NF_DROP, 0, NULL);
+	forget(p);
+}
+
+static void fq_enqueue(struct nfq_q_handle *qh, struct pkt p);
+
 // Moves a packet that left the delay line into the bottleneck queue (drop-tail at its limit).
 static void enter_bottleneck(struct nfq_q_handle *qh, struct pkt p)
 {
-	if ((tq_limit_packets && bq.n + 1 > tq_limit_packets) || (tq_limit_bytes && bq.bytes + p.len > tq_limit_bytes)) {
-		st.queue_drops++;
-		nfq_set_verdict(qh, p.id, NF_DROP, 0, NULL);
-		forget(&p);
+	p.enq = p.t;
+	if (!bq.n && !fq_packets)
+		queued_since = p.enq;
+	if (aqm.kind == AQM_FQ_CODEL) {
+		fq_enqueue(qh, p);
 		return;
 	}
-	p.enq = p.t;
+	if (over_limit(bq.n + 1, bq.bytes + p.len)) {
+		tail_drop(qh, &p);
+		return;
+	}
 	ring_push(&bq, p);
 }
 
@@ -379,73 +434,182 @@ static void aqm_drop(struct nfq_q_handle *qh, struct pkt *p)
 	forget(p);
 }
 
-// codel_should_drop(): the packet waited above target for a whole interval (and more than one packet
-// is left, so dropping cannot starve the link). NULL: the queue ran empty.
-static int codel_should_drop(const struct pkt *p, int64_t now)
+static uint64_t backlog_bytes(void)
 {
-	if (!p || now - p->enq < codel.target || bq.bytes <= MTU_BYTES) {
-		codel.first_above_time = 0;
+	return aqm.kind == AQM_FQ_CODEL ? fq_bytes : bq.bytes;
+}
+
+// The head of queue q (the bottleneck's, or one flow's under fq_codel, whose totals it keeps).
+static struct pkt pop_from(struct ring *q)
+{
+	struct pkt p = ring_pop(q);
+	if (q != &bq) {
+		fq_packets--;
+		fq_bytes -= p.len;
+	}
+	return p;
+}
+
+// codel_should_drop(): the packet waited above target for a whole interval (and more than one packet
+// is queued, so dropping cannot starve the link). NULL: the queue ran empty.
+static int codel_should_drop(const struct pkt *p, struct codel_vars *v, int64_t now)
+{
+	if (!p || now - p->enq < aqm.target || backlog_bytes() <= MTU_BYTES) {
+		v->first_above_time = 0;
 		return 0;
 	}
-	if (codel.first_above_time == 0) {
-		codel.first_above_time = now + codel.interval;
+	if (v->first_above_time == 0) {
+		v->first_above_time = now + aqm.interval;
 		return 0;
 	}
-	return now >= codel.first_above_time;
+	return now >= v->first_above_time;
 }
 
 static int64_t codel_control_law(int64_t t, uint32_t count)
 {
-	return t + (int64_t)((double)codel.interval / sqrt((double)count));
+	return t + (int64_t)((double)aqm.interval / sqrt((double)count));
 }
 
-// The next packet of the bottleneck queue to send at `now`, after CoDel's drops (codel_dequeue() of the
+// The next packet of queue q to send at `now`, after CoDel's drops and marks (codel_dequeue() of the
 // kernel); 0 if none is left.
-static int codel_dequeue(struct nfq_q_handle *qh, int64_t now, struct pkt *out)
+static int codel_dequeue(struct nfq_q_handle *qh, int64_t now, struct ring *q, struct codel_vars *v,
+			 struct pkt *out)
 {
-	if (!bq.n) {
-		codel.dropping = 0;
+	if (!q->n) {
+		v->dropping = 0;
 		return 0;
 	}
-	struct pkt p = ring_pop(&bq);
-	int have = 1, drop = codel_should_drop(&p, now);
-	if (codel.dropping) {
+	struct pkt p = pop_from(q);
+	int have = 1, drop = codel_should_drop(&p, v, now);
+	if (v->dropping) {
 		if (!drop) {
-			codel.dropping = 0;
+			v->dropping = 0;
 		} else {
-			while (codel.dropping && now >= codel.drop_next) {
-				codel.count++;
+			while (v->dropping && now >= v->drop_next) {
+				v->count++;
 				if (codel_mark(&p)) {
-					codel.drop_next = codel_control_law(codel.drop_next, codel.count);
+					v->drop_next = codel_control_law(v->drop_next, v->count);
 					break;
 				}
 				aqm_drop(qh, &p);
-				have = bq.n > 0;
+				have = q->n > 0;
 				if (have)
-					p = ring_pop(&bq);
-				if (!codel_should_drop(have ? &p : NULL, now))
-					codel.dropping = 0;
+					p = pop_from(q);
+				if (!codel_should_drop(have ? &p : NULL, v, now))
+					v->dropping = 0;
 				else
-					codel.drop_next = codel_control_law(codel.drop_next, codel.count);
+					v->drop_next = codel_control_law(v->drop_next, v->count);
 			}
 		}
 	} else if (drop) {
 		if (!codel_mark(&p)) {
 			aqm_drop(qh, &p);
-			have = bq.n > 0;
+			have = q->n > 0;
 			if (have)
-				p = ring_pop(&bq);
-			codel_should_drop(have ? &p : NULL, now);
+				p = pop_from(q);
+			codel_should_drop(have ? &p : NULL, v, now);
 		}
-		codel.dropping = 1;
-		uint32_t delta = codel.count - codel.lastcount;
-		codel.count = (delta > 1 && now - codel.drop_next < 16 * codel.interval) ? delta : 1;
-		codel.lastcount = codel.count;
-		codel.drop_next = codel_control_law(now, codel.count);
+		v->dropping = 1;
+		uint32_t delta = v->count - v->lastcount;
+		v->count = (delta > 1 && now - v->drop_next < 16 * aqm.interval) ? delta : 1;
+		v->lastcount = v->count;
+		v->drop_next = codel_control_law(now, v->count);
 	}
 	if (have)
 		*out = p;
 	return have;
+}
+
+static void list_append(struct flow_list *l, int i, int which)
+{
+	fq[i].next = -1;
+	fq[i].list = which;
+	if (l->tail >= 0)
+		fq[l->tail].next = i;
+	else
+		l->head = i;
+	l->tail = i;
+}
+
+static int list_pop(struct flow_list *l)
+{
+	int i = l->head;
+	l->head = fq[i].next;
+	if (l->head < 0)
+		l->tail = -1;
+	fq[i].list = 0;
+	return i;
+}
+
+// fq_codel_enqueue(): into its flow's queue, the flow onto new_flows if it was idle; over the limit, the
+// head of the flow with the most bytes queued goes (RFC 8290 section 4.1.3).
+static void fq_enqueue(struct nfq_q_handle *qh, struct pkt p)
+{
+	int i = (int)(p.flow % FQ_FLOWS);
+	ring_push(&fq[i].q, p);
+	fq_packets++;
+	fq_bytes += p.len;
+	if (!fq[i].list) {
+		list_append(&new_flows, i, 1);
+		fq[i].deficit = FQ_QUANTUM;
+	}
+	while (over_limit(fq_packets, fq_bytes)) {
+		int fattest = 0;
+		for (int j = 1; j < FQ_FLOWS; j++)
+			if (fq[j].q.bytes > fq[fattest].q.bytes)
+				fattest = j;
+		struct pkt dropped = pop_from(&fq[fattest].q);
+		tail_drop(qh, &dropped);
+	}
+}
+
+// fq_codel_dequeue(): new flows first, then old ones, each for its deficit; a flow that runs out of
+// deficit goes to the tail of old_flows, one that runs empty leaves (via old_flows if it was new and
+// others wait there, so that it cannot take new_flows' priority again at once).
+static int fq_dequeue(struct nfq_q_handle *qh, int64_t now, struct pkt *out)
+{
+	for (;;) {
+		struct flow_list *head = new_flows.head >= 0 ? &new_flows : old_flows.head >= 0 ? &old_flows : NULL;
+		if (!head)
+			return 0;
+		int i = head->head;
+		if (fq[i].deficit <= 0) {
+			fq[i].deficit += FQ_QUANTUM;
+			list_pop(head);
+			list_append(&old_flows, i, 2);
+			continue;
+		}
+		if (codel_dequeue(qh, now, &fq[i].q, &fq[i].cv, out)) {
+			fq[i].deficit -= out->len + ETH_HEADER_BYTES;
+			return 1;
+		}
+		list_pop(head);
+		if (head == &new_flows && old_flows.head >= 0)
+			list_append(&old_flows, i, 2);
+	}
+}
+
+// A flow's 5-tuple (addresses, protocol, ports where there are), hashed with the run's seed.
+static uint32_t flow_hash(const unsigned char *h, int len)
+{
+	uint32_t x = hash_seed;
+	int from = 0, to = 0, ports = -1;
+	if (len >= 20 && (h[0] >> 4) == 4) {
+		from = 9, to = 20; // protocol, checksum, addresses
+		ports = (h[0] & 0xf) * 4;
+		if (h[9] != 6 && h[9] != 17)
+			ports = -1;
+	} else if (len >= 40 && (h[0] >> 4) == 6) {
+		from = 6, to = 40; // next header, hop limit, addresses
+		ports = h[6] == 6 || h[6] == 17 ? 40 : -1;
+	}
+	for (int i = from; i < to; i++)
+		if (!((h[0] >> 4) == 4 && (i == 10 || i == 11)) && !((h[0] >> 4) == 6 && i == 7))
+			x = (x ^ h[i]) * 16777619u;
+	if (ports >= 0 && ports + 4 <= len)
+		for (int i = ports; i < ports + 4; i++)
+			x = (x ^ h[i]) * 16777619u;
+	return x ^ (x >> 15);
 }
 
 static void count_sojourn(int64_t ns)
@@ -460,7 +624,10 @@ static void count_sojourn(int64_t ns)
 static void start_sending(struct nfq_q_handle *qh, int64_t t)
 {
 	struct pkt p;
-	int have = codel.on ? codel_dequeue(qh, t, &p) : (bq.n ? (p = ring_pop(&bq), 1) : 0);
+	int have = aqm.kind == AQM_FQ_CODEL ? fq_dequeue(qh, t, &p)
+		   : aqm.kind == AQM_CODEL  ? codel_dequeue(qh, t, &bq, &bq_codel, &p)
+		   : bq.n		    ? (p = ring_pop(&bq), 1)
+					    : 0;
 	if (!have)
 		return;
 	count_sojourn(t - p.enq);
@@ -477,8 +644,8 @@ static int64_t run_due_rate(struct nfq_q_handle *qh, int64_t now)
 		int64_t td = d ? d->t : INT64_MAX;
 		int64_t tf = wire_busy ? link_free : INT64_MAX; // the packet on the wire has left
 		int64_t ts = INT64_MAX;				// the next one goes on the wire
-		if (!wire_busy && bq.n)
-			ts = link_free > ring_front(&bq)->enq ? link_free : ring_front(&bq)->enq;
+		if (!wire_busy && (bq.n || fq_packets)) // the link is free since link_free, the queue full since
+			ts = link_free > queued_since ? link_free : queued_since;
 		int64_t t = td < tf ? td : tf;
 		t = t < ts ? t : ts;
 		if (t > now)
@@ -488,7 +655,7 @@ static int64_t run_due_rate(struct nfq_q_handle *qh, int64_t now)
 			if (on_wire.marked)
 				accept_marked(qh, &on_wire, link_free);
 			else
-				accept_pkt(&on_wire, link_free);
+				accept_pkt(qh, &on_wire, link_free);
 		} else if (td == t) {
 			enter_bottleneck(qh, ring_pop(&delayq));
 		} else {
@@ -525,13 +692,13 @@ static int64_t run_due(struct nfq_q_handle *qh, int64_t now)
 			if (trace_n)
 				enter_bottleneck(qh, p);
 			else
-				accept_pkt(&p, p.t);
+				accept_pkt(qh, &p, p.t);
 		} else {
 			int64_t budget = TRACE_OPPORTUNITY_BYTES + trace_carry;
 			while (bq.n && ring_front(&bq)->len <= budget) {
 				struct pkt p = ring_pop(&bq);
 				budget -= p.len;
-				accept_pkt(&p, to);
+				accept_pkt(qh, &p, to);
 			}
 			// A packet larger than what is left keeps the remainder toward its delivery.
 			trace_carry = bq.n ? budget : 0;
@@ -576,7 +743,9 @@ static int on_packet(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_d
 		t = last_release; // keep order
 	last_release = t;
 	struct pkt p = {.id = id, .len = len, .t = t};
-	if (codel.ecn && plen > 0) {
+	if (aqm.kind == AQM_FQ_CODEL)
+		p.flow = flow_hash(payload, plen);
+	if (aqm.ecn && plen > 0) {
 		p.data = malloc((size_t)plen);
 		if (!p.data) {
 			perror("ccscope-delayline: malloc");
@@ -586,7 +755,7 @@ static int on_packet(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_d
 		p.caplen = (uint32_t)plen;
 	}
 	ring_push(&delayq, p);
-	uint64_t held = delayq.n + bq.n + (uint64_t)wire_busy;
+	uint64_t held = delayq.n + bq.n + fq_packets + (uint64_t)wire_busy;
 	if (held > st.max_held)
 		st.max_held = held;
 	return 0;
@@ -626,7 +795,7 @@ static void load_trace(const char *path)
 static void usage(void)
 {
 	fprintf(stderr, "usage: ccscope-delayline --queue N [--delay-us D] [--jitter-us J] [--loss P] "
-			"[--seed S] [--trace FILE | --rate-bps R [--aqm fifo|codel [--target-us T] "
+			"[--seed S] [--trace FILE | --rate-bps R [--aqm fifo|codel|fq_codel [--target-us T] "
 			"[--interval-us I] [--ecn]]] [--queue-packets N|--queue-bytes N] [--maxlen N] [--stats FILE] "
 			"[--realtime]\n");
 	exit(2);
@@ -664,21 +833,29 @@ int main(int argc, char **argv)
 		case 'R': rate_bps = strtod(optarg, NULL); break;
 		case 'A':
 			if (strcmp(optarg, "codel") == 0)
-				codel.on = 1;
+				aqm.kind = AQM_CODEL;
+			else if (strcmp(optarg, "fq_codel") == 0)
+				aqm.kind = AQM_FQ_CODEL;
 			else if (strcmp(optarg, "fifo") != 0)
 				usage();
 			break;
-		case 'T': codel.target = strtoll(optarg, NULL, 10) * 1000LL; break;
-		case 'I': codel.interval = strtoll(optarg, NULL, 10) * 1000LL; break;
-		case 'E': codel.ecn = 1; break;
+		case 'T': aqm.target = strtoll(optarg, NULL, 10) * 1000LL; break;
+		case 'I': aqm.interval = strtoll(optarg, NULL, 10) * 1000LL; break;
+		case 'E': aqm.ecn = 1; break;
 		default: usage();
 		}
 	}
 	if (!have_queue || delay_ns < 0 || jitter_ns < 0 || loss < 0 || loss > 1 || maxlen <= 0 || rate_bps < 0 ||
-	    (rate_bps > 0 && trace) || (codel.on && rate_bps <= 0) || (codel.ecn && !codel.on) || codel.target <= 0 || codel.interval <= 0)
+	    (rate_bps > 0 && trace) || (aqm.kind != AQM_FIFO && rate_bps <= 0) || (aqm.ecn && aqm.kind == AQM_FIFO) || aqm.target <= 0 ||
+	    aqm.interval <= 0)
 		usage();
 	if (trace)
 		load_trace(trace);
+	hash_seed = (uint32_t)(rng_state >> 32) ^ 0x9e3779b9u; // from the seed, without drawing from it
+	if (aqm.kind == AQM_FQ_CODEL && !(fq = calloc(FQ_FLOWS, sizeof(*fq)))) {
+		perror("ccscope-delayline: calloc");
+		return 1;
+	}
 	// Default timer slack (50 us) would add up to 50 us to every release.
 	prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
 	// A delay line that waits for a CPU behind the traffic it delays adds that wait to the RTT. The
@@ -702,7 +879,7 @@ int main(int argc, char **argv)
 	}
 	// Headers only: the IP header gives the length, the payload stays in the kernel. An AQM that marks
 	// copies the whole packet: it releases it with a rewritten header, which replaces the kernel's copy.
-	if (nfq_set_mode(qh, NFQNL_COPY_PACKET, codel.ecn ? 0xffff : 64) < 0) {
+	if (nfq_set_mode(qh, NFQNL_COPY_PACKET, aqm.ecn ? 0xffff : 64) < 0) {
 		perror("ccscope-delayline: nfq_set_mode");
 		return 1;
 	}
@@ -750,10 +927,7 @@ int main(int argc, char **argv)
 	while (!want_exit) {
 		release_now = now_ns();
 		int64_t next = run_due(qh, release_now + early);
-		if (have_accept) {
-			nfq_set_verdict_batch(qh, max_accept_id, NF_ACCEPT);
-			have_accept = 0;
-		}
+		flush_accepts(qh);
 		if (want_stats) {
 			want_stats = 0;
 			write_stats();

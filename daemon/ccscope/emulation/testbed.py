@@ -492,7 +492,7 @@ class Testbed:
         went on to drop 6 of its 209 packets after the check had returned. At most as long as every queue
         takes to drain at its rate, plus the delays, plus a second; then the counters carry that tail."""
         deadline = time.monotonic() + self._drain_bound_s()
-        while self._queued() and time.monotonic() < deadline:
+        while self.queued() and time.monotonic() < deadline:
             time.sleep(DRAIN_POLL_S)
 
     def _drain_bound_s(self) -> float:
@@ -503,7 +503,7 @@ class Testbed:
                 bound += queue * 8 / rate
         return min(bound, MAX_DRAIN_S)
 
-    def _queued(self) -> int:
+    def queued(self) -> int:
         """Packets in the delay lines (any stage) and bytes in the kernel shapers' backlogs."""
         held = sum(dl.stats().get("held", 0) for dl in self._delaylines.values())
 
