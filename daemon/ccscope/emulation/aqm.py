@@ -30,6 +30,8 @@ CODEL_INTERVAL_S = 0.100
 _PARAMETERS = {"codel": ("target", "interval", "ecn"), "fq_codel": ("target", "interval", "ecn")}
 # Whether each marks by default, as the kernel's (codel: off; fq_codel: `ecn` on).
 _ECN_DEFAULT = {"codel": False, "fq_codel": True}
+# The hard limit without `queue`, as the kernel's: sch_codel 1000 packets, sch_fq_codel 10240.
+DEFAULT_LIMIT_PACKETS = {"codel": 1000, "fq_codel": 10240}
 
 
 @dataclass(frozen=True)

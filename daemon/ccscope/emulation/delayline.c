@@ -47,7 +47,7 @@
 
 #define TRACE_OPPORTUNITY_BYTES 1500
 #define ETH_HEADER_BYTES 14 // a rate is at layer 2, as tbf counts it: the IP packet and its Ethernet header
-#define MTU_BYTES 1500	    // CoDel does not drop when no more than one packet is queued (the kernel's mtu)
+#define MTU_FRAME_BYTES 1514 // CoDel does not drop while at most a frame is queued (the kernel's psched_mtu)
 #define SOJOURN_BUCKETS 96  // bucket i holds sojourns in [2^(i/4), 2^((i+1)/4)) us, up to 2^24 us (16 s)
 #define RECV_BATCH 32
 // A release this much after it was due means the machine did not run us (the delay line itself wakes
@@ -156,6 +156,7 @@ static struct codel_vars bq_codel;
 // (new_flows) served before the others (old_flows).
 #define FQ_FLOWS 1024
 #define FQ_QUANTUM 1514
+#define FQ_DROP_BATCH 64 // at most this many packets go from the fattest flow at once (drop_batch_size)
 struct fq_flow {
 	struct ring q;
 	struct codel_vars cv;
@@ -242,9 +243,9 @@ static void on_signal(int sig)
 
 // The kernel's own counters for our queue: packets dropped because the queue was full
 // (queue_dropped) or the netlink socket could not take them (user_dropped).
-static void kernel_counters(uint64_t *queue_dropped, uint64_t *user_dropped)
+static void kernel_counters(uint64_t *queue_dropped, uint64_t *user_dropped, uint64_t *waiting)
 {
-	*queue_dropped = *user_dropped = 0;
+	*queue_dropped = *user_dropped = *waiting = 0;
 	FILE *f = fopen("/proc/net/netfilter/nfnetlink_queue", "r");
 	if (!f)
 		return;
@@ -256,6 +257,7 @@ static void kernel_counters(uint64_t *queue_dropped, uint64_t *user_dropped)
 		if (qn == queue_num) {
 			*queue_dropped = qd;
 			*user_dropped = ud;
+			*waiting = qlen; // packets awaiting our verdict, read by us or not yet
 		}
 	}
 	fclose(f);
@@ -265,8 +267,9 @@ static void write_stats(void)
 {
 	if (!stats_path)
 		return;
-	uint64_t kqd, kud;
-	kernel_counters(&kqd, &kud);
+	uint64_t kqd, kud, waiting;
+	kernel_counters(&kqd, &kud, &waiting);
+	uint64_t held = delayq.n + bq.n + fq_packets + (uint64_t)wire_busy;
 	char tmp[4096];
 	snprintf(tmp, sizeof(tmp), "%s.tmp", stats_path);
 	FILE *f = fopen(tmp, "w");
@@ -276,11 +279,11 @@ static void write_stats(void)
 	fprintf(f,
 		"seq %" PRIu64 "\npackets %" PRIu64 "\nbytes %" PRIu64 "\naccepted %" PRIu64
 		"\nrandom_drops %" PRIu64 "\nqueue_drops %" PRIu64 "\nkernel_queue_dropped %" PRIu64
-		"\nkernel_user_dropped %" PRIu64 "\nenobufs %" PRIu64 "\nmax_held %" PRIu64 "\nheld %zu"
+		"\nkernel_user_dropped %" PRIu64 "\nenobufs %" PRIu64 "\nmax_held %" PRIu64 "\nheld %" PRIu64
 		"\nkernel_stamped %" PRIu64 "\nlate_releases %" PRIu64 "\nmax_late_us %" PRIu64
 		"\naqm_drops %" PRIu64 "\naqm_marks %" PRIu64 "\n",
 		st.seq, st.packets, st.bytes, st.accepted, st.random_drops, st.queue_drops, kqd, kud, st.enobufs,
-		st.max_held, delayq.n + bq.n + fq_packets + (size_t)wire_busy, st.stamped, st.late_releases, st.max_late_ns / 1000,
+		st.max_held, held > waiting ? held : waiting, st.stamped, st.late_releases, st.max_late_ns / 1000,
 		st.aqm_drops, st.aqm_marks);
 	for (int i = 0; i < SOJOURN_BUCKETS; i++)
 		if (st.sojourn[i])
@@ -436,7 +439,10 @@ static void aqm_drop(struct nfq_q_handle *qh, struct pkt *p)
 
 static uint64_t backlog_bytes(void)
 {
-	return aqm.kind == AQM_FQ_CODEL ? fq_bytes : bq.bytes;
+	// at layer 2, as the kernel's qdisc_pkt_len counts
+	if (aqm.kind == AQM_FQ_CODEL)
+		return fq_bytes + fq_packets * ETH_HEADER_BYTES;
+	return bq.bytes + bq.n * ETH_HEADER_BYTES;
 }
 
 // The head of queue q (the bottleneck's, or one flow's under fq_codel, whose totals it keeps).
@@ -454,7 +460,7 @@ static struct pkt pop_from(struct ring *q)
 // is queued, so dropping cannot starve the link). NULL: the queue ran empty.
 static int codel_should_drop(const struct pkt *p, struct codel_vars *v, int64_t now)
 {
-	if (!p || now - p->enq < aqm.target || backlog_bytes() <= MTU_BYTES) {
+	if (!p || now - p->enq < aqm.target || backlog_bytes() <= MTU_FRAME_BYTES) {
 		v->first_above_time = 0;
 		return 0;
 	}
@@ -462,7 +468,7 @@ static int codel_should_drop(const struct pkt *p, struct codel_vars *v, int64_t 
 		v->first_above_time = now + aqm.interval;
 		return 0;
 	}
-	return now >= v->first_above_time;
+	return now > v->first_above_time; // codel_time_after(): strictly after
 }
 
 static int64_t codel_control_law(int64_t t, uint32_t count)
@@ -541,8 +547,28 @@ static int list_pop(struct flow_list *l)
 	return i;
 }
 
-// fq_codel_enqueue(): into its flow's queue, the flow onto new_flows if it was idle; over the limit, the
-// head of the flow with the most bytes queued goes (RFC 8290 section 4.1.3).
+// fq_codel_drop(): the queue is over its limit, so the flow with the most bytes queued loses packets from
+// its head until half its backlog is gone (at most FQ_DROP_BATCH), and its CoDel counts them as drops.
+static void fq_drop_batch(struct nfq_q_handle *qh)
+{
+	int fattest = 0;
+	for (int j = 1; j < FQ_FLOWS; j++)
+		if (fq[j].q.bytes > fq[fattest].q.bytes)
+			fattest = j;
+	uint64_t half = fq[fattest].q.bytes / 2, gone = 0;
+	uint32_t n = 0;
+	while (fq[fattest].q.n && n < FQ_DROP_BATCH) {
+		struct pkt dropped = pop_from(&fq[fattest].q);
+		gone += dropped.len;
+		tail_drop(qh, &dropped);
+		if (++n, gone >= half)
+			break;
+	}
+	fq[fattest].cv.count += n;
+}
+
+// fq_codel_enqueue(): into its flow's queue, the flow onto new_flows if it was idle; over the limit, a
+// batch from the fattest flow goes (RFC 8290 section 4.1.3).
 static void fq_enqueue(struct nfq_q_handle *qh, struct pkt p)
 {
 	int i = (int)(p.flow % FQ_FLOWS);
@@ -553,14 +579,8 @@ static void fq_enqueue(struct nfq_q_handle *qh, struct pkt p)
 		list_append(&new_flows, i, 1);
 		fq[i].deficit = FQ_QUANTUM;
 	}
-	while (over_limit(fq_packets, fq_bytes)) {
-		int fattest = 0;
-		for (int j = 1; j < FQ_FLOWS; j++)
-			if (fq[j].q.bytes > fq[fattest].q.bytes)
-				fattest = j;
-		struct pkt dropped = pop_from(&fq[fattest].q);
-		tail_drop(qh, &dropped);
-	}
+	if (over_limit(fq_packets, fq_bytes))
+		fq_drop_batch(qh);
 }
 
 // fq_codel_dequeue(): new flows first, then old ones, each for its deficit; a flow that runs out of

@@ -24,8 +24,9 @@ Semantics
   for everything else with the link's `queue`. `isolate: short` is the defaults; the mapping form is
   `isolate: {queue: 20p, ports: [5300]}`. The interactive class is guaranteed 90 % of the rate, the
   bulk one 10 %, and either may use all of it when the other is idle. It needs a `rate` (not a trace).
-- `aqm` names the bottleneck queue's active queue management (aqm.py): `fifo` (drop-tail, the default) or
-  `codel`; `queue` stays its hard limit. An AQM link's rate and queue run in the delay line.
+- `aqm` names the bottleneck queue's active queue management (aqm.py): `fifo` (drop-tail, the default),
+  `codel` or `fq_codel`; `queue` stays its hard limit (without it, the kernel's: 1000 packets for codel,
+  10240 for fq_codel). An AQM link's rate and queue run in the delay line.
 - `ecn` (on the profile, not a direction) is what the endpoints' TCP negotiates: `off`, `on` or `accecn`
   (aqm.ENDPOINT_ECN), set in the scenario's namespaces only.
 
@@ -46,7 +47,7 @@ from ccscope.errors import UsageError
 from ccscope.safe_input import read_text
 from ccscope.units import NUMBER, is_number, parse_loss, require_finite
 
-from .aqm import Aqm, endpoint_ecn
+from .aqm import DEFAULT_LIMIT_PACKETS, Aqm, endpoint_ecn
 
 ETH_FRAME = 1514  # bytes of a full-MSS frame as tbf counts it (1500 IP + 14 Ethernet)
 MIN_DEFAULT_QUEUE_PACKETS = 10
@@ -306,6 +307,8 @@ class LinkProfile:
         if isolate is not None and rate is None:
             raise UsageError(f"{where}.isolate: the queues share a bottleneck rate; give a rate")
         aqm = _check_aqm(data.get("aqm"), f"{where}.aqm", rate, trace, isolate)
+        if queue is None and aqm is not None and aqm.manages:
+            queue = QueueSize(packets=DEFAULT_LIMIT_PACKETS[aqm.name])
         return cls(rate_bps=rate, delay_s=delay, jitter_s=jitter, loss=loss, queue=queue, trace=trace,
                    isolate=isolate, aqm=aqm)
 

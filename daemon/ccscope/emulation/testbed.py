@@ -160,10 +160,15 @@ class Testbed:
     def _set_ecn(mode: str, namespaces: tuple[str, ...]) -> None:
         """The endpoints' ECN mode, per namespace: the host's own tcp_ecn is never touched."""
         value = aqm.ENDPOINT_ECN[mode]
+        # Kernels before Accurate ECN took any tcp_ecn and asked for nothing with 3; tcp_ecn_option came with it.
+        if mode == "accecn" and not Path("/proc/sys/net/ipv4/tcp_ecn_option").exists():
+            raise PrerequisiteError("ecn: accecn: this kernel has no Accurate ECN (no net.ipv4.tcp_ecn_option)")
         for ns in namespaces:
             try:
                 sh(ns_argv(ns, ["sysctl", "-q", "-w", f"net.ipv4.tcp_ecn={value}"]))
-            except CcscopeError:
+            except CcscopeError as exc:
+                if "Invalid argument" not in exc.line():
+                    raise
                 raise PrerequisiteError(f"ecn: {mode}: this kernel refuses net.ipv4.tcp_ecn={value} (it does not "
                                         "negotiate Accurate ECN)" if mode == "accecn" else
                                         f"ecn: {mode}: this kernel refuses net.ipv4.tcp_ecn={value}") from None
