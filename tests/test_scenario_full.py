@@ -221,10 +221,10 @@ def _claim_bufferbloat(doc: dict) -> None:
     assert took["large-queue-isolated"] < 0.5 * took["large-queue"], took
     bulk = {p: runs[p]["flows"][0]["goodput_bps"] for p in runs}
     assert bulk["large-queue-isolated"] >= 0.95 * bulk["large-queue"], bulk
-    _claim_codel_cures(doc, runs, ping, took, bulk)
+    _claim_aqm_cures(doc, runs, ping, took, bulk)
 
 
-def _claim_codel_cures(doc: dict, runs: dict, ping: dict, took: dict, bulk: dict) -> None:
+def _claim_aqm_cures(doc: dict, runs: dict, ping: dict, took: dict, bulk: dict) -> None:
     """fq_codel and CoDel on the large queue (the delay line's; tests/test_aqm.py for their parts): pings
     20.4 and 23.9 ms against drop-tail's 106 (base 20), the delay line's sojourn median 3.2 and 4.5 ms,
     downloads 0.21 s against 0.73, bulk 8.87 and 8.95 Mbit/s against 9.20 (a short queue leaves the link idle
