@@ -1,5 +1,5 @@
 """A schema-2 results directory written before the typed run record (tests/data/results-schema2: the two
-shards of `ccscope scenario run tests/data/fixture.yaml --shard K/2`, written by 2026-11-27's main, ac55dba)
+shards of `ccscope scenario run tests/data/fixture.yaml --shard K/2`, written by 2026-11-27's main, bcb845a)
 still reports, merges, exports and resumes. What each command gives is checked against the shards' own runs.
 Never regenerate these directories: they stand for what users already have on disk."""
 
