@@ -28,7 +28,9 @@
 #define AF_INET 2
 #define AF_INET6 10
 #define SOCK_STREAM 1
+#define TCP_ESTABLISHED 1
 #define TCP_SYN_SENT 2
+#define TCP_SYN_RECV 3
 #define TCP_CLOSE 7
 #define TCP_LISTEN 10
 #define RINGBUF_WAKEUP_BYTES (256 << 10) /* the loader never sizes the ring below 1 MiB */
@@ -586,6 +588,17 @@ static __always_inline __u32 retransmit_cause(struct tcp_sock *tp)
 	return CCSCOPE_RETRANS_OTHER;
 }
 
+/*
+ * A SYN retransmitted before tcp_probe ever met its socket (a 10 % loss drops one connect's SYN in ten) is in
+ * its total_retrans all the same: counted under the socket's cookie, which it keeps once tracked. Only while
+ * the handshake lasts, so that untracked sockets cannot fill the LRU map; TCP_CLOSE deletes the entry of a
+ * socket that never got tracked.
+ */
+static __always_inline __u64 handshake_cookie(const struct sock *sk, __u64 cookie)
+{
+	return sk->__sk_common.skc_state == TCP_SYN_SENT ? cookie : 0;
+}
+
 static __always_inline void add_cause(__u64 cookie, __u32 cause, __u32 segments)
 {
 	struct retrans_causes *causes = bpf_map_lookup_elem(&retrans_causes, &cookie), fresh = {};
@@ -601,11 +614,12 @@ static __always_inline void add_cause(__u64 cookie, __u32 cause, __u32 segments)
 }
 
 /*
- * `cookie`: the tracked flow whose causes to count (0: a socket tcp_probe has not met, whose entry nothing
- * would ever read or delete); `closing`: counted at TCP_CLOSE, where the state says nothing of why ("other").
+ * `cookie`: the flow whose causes to count: a tracked one, or a handshaking one that tcp_probe has yet to meet
+ * (handshake_cookie()); 0 for any other socket, whose entry nothing would ever read or delete. `cause`: why,
+ * as its caller knows it.
  */
 static __always_inline void add_retransmits(struct sock *sk, struct tcp_sock *tp, __u32 slot, __u64 cookie,
-					    int closing)
+					    __u32 cause)
 {
 	__u32 total = tp->total_retrans, segments, *counted = retrans_mark(sk, total);
 	char ca_name[CCSCOPE_CA_NAME_LEN] = {};
@@ -620,7 +634,7 @@ static __always_inline void add_retransmits(struct sock *sk, struct tcp_sock *tp
 	if (!segments)
 		return;
 	if (cookie)
-		add_cause(cookie, closing ? CCSCOPE_RETRANS_OTHER : retransmit_cause(tp), segments);
+		add_cause(cookie, cause, segments);
 	read_ca_name(tp, ca_name);
 	stats = cc_stats_for(ca_name);
 	if (stats)
@@ -645,8 +659,22 @@ int BPF_PROG(tcp_retransmit_skb, const struct sock *sk, const struct sk_buff *sk
 		__sync_fetch_and_add(&f->retransmit_events, 1);
 	if (tp)
 		add_retransmits((struct sock *)sk, tp, f ? f->cgroup_slot : cgroup_slot(socket_cgroup_id(sk), 0),
-				f ? cookie : 0, 0);
+				f ? cookie : handshake_cookie(sk, cookie), retransmit_cause(tp));
 	return 0;
+}
+
+/*
+ * A passive socket's handshake retransmits (SYN-ACKs, sent by its request's timer before the socket existed)
+ * are in its total_retrans from birth (tcp_create_openreq_child); counted as it becomes established, as RTOs.
+ */
+static __always_inline void add_synack_retransmits(const struct sock *sk)
+{
+	__u64 cookie = bpf_get_socket_cookie((void *)sk);
+	struct tcp_sock *tp = bpf_skc_to_tcp_sock((void *)sk);
+
+	if (tp && retrans_mark((struct sock *)sk, 0))
+		add_retransmits((struct sock *)sk, tp, cgroup_slot(socket_cgroup_id(sk), 0), cookie,
+				CCSCOPE_RETRANS_RTO);
 }
 
 /*
@@ -683,6 +711,8 @@ int BPF_PROG(inet_sock_set_state, const struct sock *sk, const int oldstate, con
 			retrans_mark((struct sock *)sk, 0);
 		return 0;
 	}
+	if (oldstate == TCP_SYN_RECV && newstate == TCP_ESTABLISHED)
+		add_synack_retransmits(sk);
 	if (newstate != TCP_CLOSE)
 		return 0;
 	cookie = bpf_get_socket_cookie((void *)sk);
@@ -694,13 +724,15 @@ int BPF_PROG(inet_sock_set_state, const struct sock *sk, const int oldstate, con
 	}
 	bpf_map_delete_elem(&owners, &cookie);
 	f = bpf_map_lookup_elem(&flows, &cookie);
-	if (!f) /* only flows tcp_probe has seen are tracked */
+	if (!f) { /* only flows tcp_probe has seen are tracked; a handshake's causes may be all it left */
+		bpf_map_delete_elem(&retrans_causes, &cookie);
 		return 0;
+	}
 	now = bpf_ktime_get_ns();
 	tp = bpf_skc_to_tcp_sock((void *)sk);
 	if (tp) {
 		refresh(f, (struct sock *)sk, tp, now);
-		add_retransmits((struct sock *)sk, tp, f->cgroup_slot, cookie, 1); /* any a missed hit left */
+		add_retransmits((struct sock *)sk, tp, f->cgroup_slot, cookie, CCSCOPE_RETRANS_OTHER); /* a missed hit's */
 	}
 	f->sk_state = TCP_CLOSE;
 	f->closed_ns = now;

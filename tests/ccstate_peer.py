@@ -1,6 +1,7 @@
 """Both ends of a TCP flow for tests/test_ccstate_*.py, each run in its namespace.
 
-    python tests/ccstate_peer.py serve PORT ROUND_BYTES     b: reads ROUND_BYTES, waits 60 ms, answers one byte
+    python tests/ccstate_peer.py serve PORT ROUND_BYTES
+        b: prints the accepted socket's cookie; reads ROUND_BYTES, waits 60 ms, answers one byte
     python tests/ccstate_peer.py rounds ADDR PORT CC ROUND_BYTES
         a: prints its socket cookie; for each line on stdin sends ROUND_BYTES and waits for the answer, then
         prints "ready". The answer reaches a after the ACK of the round's last byte (the 60 ms outlast a delayed
@@ -21,6 +22,7 @@ SO_COOKIE = 57
 def serve(port: int, round_bytes: int) -> None:
     listener = socket.create_server(("0.0.0.0", port), reuse_port=True)
     conn, _ = listener.accept()
+    print_cookie(conn)
     while True:
         got = 0
         while got < round_bytes:
@@ -44,8 +46,12 @@ def connect(addr: str, port: int, cc: str) -> socket.socket:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
-    print(int.from_bytes(sock.getsockopt(socket.SOL_SOCKET, SO_COOKIE, 8), "little"), flush=True)
+    print_cookie(sock)
     return sock
+
+
+def print_cookie(sock: socket.socket) -> None:
+    print(int.from_bytes(sock.getsockopt(socket.SOL_SOCKET, SO_COOKIE, 8), "little"), flush=True)
 
 
 def rounds(addr: str, port: int, cc: str, round_bytes: int) -> None:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -21,15 +22,23 @@ PEER = str(Path(__file__).with_name("ccstate_peer.py"))
 PORT = 5303
 
 
-def _counters(link: Link) -> dict[str, int]:
-    """TcpExt and Tcp counters of the sender's namespace."""
+def _counters(link: Link, namespace: str) -> dict[str, int]:
+    """TcpExt and Tcp counters of one end's namespace."""
     found: dict[str, int] = {}
     for path in ("/proc/net/netstat", "/proc/net/snmp"):
-        lines = link.ns(link.a, "cat", path).stdout.splitlines()
+        lines = link.ns(namespace, "cat", path).stdout.splitlines()
         for names, values in zip(lines[::2], lines[1::2], strict=True):
             prefix = names.split(":")[0]
             found.update({f"{prefix}.{n}": int(v) for n, v in zip(names.split()[1:], values.split()[1:], strict=True)})
     return found
+
+
+@dataclass(frozen=True)
+class End:
+    """One end of the flow: its causes, and how its namespace's counters moved meanwhile."""
+
+    causes: dict[RetransCause, int]
+    moved: dict[str, int]
 
 
 @pytest.fixture(scope="module")
@@ -45,50 +54,62 @@ def link() -> Iterator[Link]:
         made.close()
 
 
-def _run(link: Link, mode: str, seconds: float, during=None) -> tuple[dict[RetransCause, int], dict[str, int]]:
-    """One flow, alone in its namespace: its causes, and how the namespace's counters moved meanwhile, both read
-    once the socket is gone (a closed socket may still retransmit its last data)."""
-    server = link.popen(link.b, sys.executable, PEER, "serve", str(PORT), str(1 << 62))
-    before = _counters(link)
+def _run(link: Link, mode: str, seconds: float, during=None) -> tuple[End, End]:
+    """One flow, alone in its namespaces: the sender's end and the receiver's, each read once both sockets are
+    gone (a closed socket may still retransmit its last data)."""
+    server = link.popen(link.b, sys.executable, PEER, "serve", str(PORT), str(1 << 62),
+                        stdout=subprocess.PIPE, text=True)
+    before = {ns: _counters(link, ns) for ns in (link.a, link.b)}
     try:
         with TelemetryProbe(ProbeOptions()) as probe:
             client = link.popen(link.a, sys.executable, PEER, mode, link.addr_b, str(PORT), "cubic", str(seconds),
                                 stdout=subprocess.PIPE, text=True)
             try:
-                cookie = int(client.stdout.readline())
+                cookies = {link.a: int(client.stdout.readline()), link.b: int(server.stdout.readline())}
                 if during:
                     during()
                 client.wait(timeout=seconds + 30)
             finally:
                 client.kill()
                 client.wait()
-            # TIME-WAIT sends nothing; every other state of the closing socket still may
-            assert wait_for(lambda: not link.ns(link.a, "ss", "-tanH", "exclude", "time-wait", "dport", "=",
-                                                f":{PORT}").stdout.strip(), 30), "the sender's socket did not close"
-            causes = probe.retransmit_causes([cookie]).get(cookie, dict.fromkeys(RetransCause, 0))
-            after = _counters(link)
+            # TIME-WAIT sends nothing; every other state of a closing socket still may
+            assert wait_for(lambda: not any(link.ns(ns, "ss", "-tanH", "exclude", "time-wait", f"( sport = :{PORT} or "
+                                                    f"dport = :{PORT} )").stdout.strip() for ns in cookies), 30), \
+                "a socket of the flow did not close"
+            found = probe.retransmit_causes(cookies.values())
+            after = {ns: _counters(link, ns) for ns in cookies}
     finally:
         server.kill()
         server.wait()
-    return causes, {name: after[name] - before.get(name, 0) for name in after}
+    sender, receiver = (End(found.get(cookies[ns], dict.fromkeys(RetransCause, 0)),
+                            {name: after[ns][name] - before[ns].get(name, 0) for name in after[ns]})
+                        for ns in (link.a, link.b))
+    return sender, receiver
 
 
-def _assert_sum(causes: dict[RetransCause, int], moved: dict[str, int]) -> None:
+def _assert_sum(end: End) -> None:
     """Every retransmitted segment has its one cause, none of them "other" on these paths; RTO is the timeouts'
     head retransmits and the slow start after them."""
+    causes, moved = end.causes, end.moved
     assert sum(causes.values()) == moved["Tcp.RetransSegs"], (causes, moved["Tcp.RetransSegs"])
     assert causes[RetransCause.OTHER] == 0, causes
     assert causes[RetransCause.RTO] == moved["TcpExt.TCPTimeouts"] + moved["TcpExt.TCPSlowStartRetrans"], causes
 
 
+def _assert_only_acked(end: End) -> None:
+    """The receiver's end sent nothing to retransmit (its handshake got through)."""
+    assert sum(end.causes.values()) == end.moved["Tcp.RetransSegs"] == 0, (end.causes, end.moved["Tcp.RetransSegs"])
+
+
 def test_random_loss_is_fast_retransmit(link: Link) -> None:
     link.drop_randomly(PORT, 0.01)
     try:
-        causes, moved = _run(link, "bulk", 3)
+        sender, receiver = _run(link, "bulk", 3)
     finally:
         link.ns(link.b, "iptables", "-F", "INPUT")
-    _assert_sum(causes, moved)
-    assert causes[RetransCause.FAST] == moved["TcpExt.TCPFastRetrans"] > 20, (causes, moved)
+    _assert_sum(sender)
+    _assert_only_acked(receiver)
+    assert sender.causes[RetransCause.FAST] == sender.moved["TcpExt.TCPFastRetrans"] > 20, sender
 
 
 def test_a_blackhole_is_rto(link: Link) -> None:
@@ -98,25 +119,46 @@ def test_a_blackhole_is_rto(link: Link) -> None:
         time.sleep(1.5)
         link.ns(link.b, "iptables", "-F", "INPUT")
 
-    causes, moved = _run(link, "bulk", 5, blackhole)
-    _assert_sum(causes, moved)
+    sender, receiver = _run(link, "bulk", 5, blackhole)
+    _assert_sum(sender)
+    _assert_only_acked(receiver)
     # 1.5 s of silence: the 200 ms RTO, doubled, several times
     # (the queue's own drops before and after it are fast retransmits: 40 of them once, beside 37 for RTO)
-    assert causes[RetransCause.RTO] >= moved["TcpExt.TCPTimeouts"] >= 2, causes
-    assert causes[RetransCause.FAST] == moved["TcpExt.TCPFastRetrans"], causes
+    assert sender.causes[RetransCause.RTO] >= sender.moved["TcpExt.TCPTimeouts"] >= 2, sender
+    assert sender.causes[RetransCause.FAST] == sender.moved["TcpExt.TCPFastRetrans"], sender
 
 
 def test_a_lost_last_message_is_a_tail_loss_probe(link: Link) -> None:
     """A 7-segment message each 50 ms, 10 % of segments lost. A lost tail has nothing after it to be SACKed, so
     the loss probe retransmits it (2 RTT and 2 jiffies after it was sent, where the RTO waits 200 ms; for one
     segment alone in flight the probe would wait the 200 ms too, and the next message's SACK came first); a loss
-    before the tail is SACKed and fast-retransmitted."""
+    before the tail is SACKed and fast-retransmitted. A lost SYN (one run in ten) is the sender's one RTO."""
     link.drop_randomly(PORT, 0.1)
     try:
-        causes, moved = _run(link, "messages", 4)
+        sender, _ = _run(link, "messages", 4)
     finally:
         link.ns(link.b, "iptables", "-F", "INPUT")
-    _assert_sum(causes, moved)
-    assert causes[RetransCause.FAST] == moved["TcpExt.TCPFastRetrans"], causes
+    _assert_sum(sender)
+    assert sender.causes[RetransCause.FAST] == sender.moved["TcpExt.TCPFastRetrans"], sender
     # TCPLossProbes counts probes, also those that sent new data instead (3 retransmits of 4 probes, once)
-    assert 1 <= causes[RetransCause.TLP] <= moved["TcpExt.TCPLossProbes"], (causes, moved["TcpExt.TCPLossProbes"])
+    assert 1 <= sender.causes[RetransCause.TLP] <= sender.moved["TcpExt.TCPLossProbes"], sender
+
+
+def test_a_lost_handshake_is_rto_at_both_ends(link: Link) -> None:
+    """The first SYN and the first SYN-ACK dropped: the SYN's retransmit comes before tcp_probe ever meets the
+    sender's socket, the SYN-ACK's before the receiver's socket exists (its request's timer sends it); each is
+    still its end's RTO, as the kernel's TCPSynRetrans counts them. Nothing else is lost."""
+    first_only = ("-m", "limit", "--limit", "1/hour", "--limit-burst", "1", "-j", "DROP")  # the first, then none
+    link.ns(link.b, "iptables", "-A", "INPUT", "-p", "tcp", "--dport", str(PORT), "--syn", *first_only)
+    link.ns(link.a, "iptables", "-A", "INPUT", "-p", "tcp", "--sport", str(PORT), "--tcp-flags", "SYN,ACK",
+            "SYN,ACK", *first_only)
+    try:
+        sender, receiver = _run(link, "bulk", 0.5)
+    finally:
+        for ns in (link.a, link.b):
+            link.ns(ns, "iptables", "-F", "INPUT")
+    for end in (sender, receiver):
+        assert end.moved["TcpExt.TCPSynRetrans"] >= 1, end
+        assert end.causes[RetransCause.RTO] >= end.moved["TcpExt.TCPSynRetrans"], end
+        assert sum(end.causes.values()) == end.moved["Tcp.RetransSegs"], end
+        assert end.causes[RetransCause.OTHER] == 0, end
