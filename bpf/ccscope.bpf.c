@@ -393,6 +393,9 @@ static __always_inline void refresh(struct flow *f, struct sock *sk, struct tcp_
 	if (bpf_core_field_exists(tp->lost))
 		f->lost = tp->lost;
 	f->delivered = tp->delivered;
+	if (bpf_core_field_exists(tp->delivered_ce)) /* since 5.1 */
+		f->delivered_ce = tp->delivered_ce;
+	f->ecn_flags = tp->ecn_flags;
 	f->rate_delivered = tp->rate_delivered;
 	f->rate_interval_us = tp->rate_interval_us;
 	f->bytes_acked = tp->bytes_acked;

@@ -100,6 +100,9 @@ struct flow {
 	__u32 tgid;            /* process that connected, or listened for an accepted flow; 0 if unknown */
 	__u32 cgroup_slot;     /* its cgroup's slot in cgroup_stats (with config.cgroup_stats) */
 	char comm[CCSCOPE_COMM_LEN]; /* that process's name at connect/listen time */
+	__u32 delivered_ce;    /* packets delivered with a CE mark, as the peer fed back (tcpi_delivered_ce) */
+	__u8 ecn_flags;        /* tp->ecn_flags: bit 0 classic ECN, bit 4 AccECN (6.18+), both while pending */
+	__u8 __pad1[3];
 };
 
 /* Retransmitted segments of one flow by cause, keyed by socket cookie in the `retrans_causes` map. */

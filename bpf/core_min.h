@@ -182,6 +182,8 @@ struct tcp_sock {
 	__u64 bytes_sent;
 	__u64 bytes_received;
 	__u64 tcp_mstamp;
+	__u32 delivered_ce;
+	__u8 ecn_flags;
 };
 
 struct sk_buff;

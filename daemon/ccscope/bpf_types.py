@@ -94,6 +94,9 @@ class Flow(ctypes.Structure):
         ("tgid", u32),
         ("cgroup_slot", u32),
         ("comm", ctypes.c_char * COMM_LEN),
+        ("delivered_ce", u32),
+        ("ecn_flags", u8),
+        ("__pad1", u8 * 3),
     ]
 
 

@@ -62,7 +62,15 @@ FLOW_METRICS: tuple[tuple[str, str, str, object], ...] = (
      lambda f: f.retransmits),
     ("ccscope_flow_lost_packets", "Packets marked lost, retransmissions included.", "counter",
      lambda f: f.lost_packets),
+    ("ccscope_flow_delivered_packets", "Packets delivered to the peer (tcpi_delivered).", "counter",
+     lambda f: f.delivered_packets),
+    ("ccscope_flow_delivered_ce_packets", "Packets delivered with a CE mark as the peer fed it back "
+     "(tcpi_delivered_ce; with classic ECN, every packet an ECE-flagged ACK covers).", "counter",
+     lambda f: f.delivered_ce_packets),
+    ("ccscope_flow_ecn", "ECN the handshake negotiated: 0 off, 1 classic (RFC 3168), 2 AccECN; absent while "
+     "pending.", "gauge", lambda f: ECN_VALUES.get(f.ecn)),
 )
+ECN_VALUES = {"off": 0, "ecn": 1, "accecn": 2}
 
 
 def _family(name: str, help_text: str, kind: str, labels: tuple[str, ...]) -> Metric:

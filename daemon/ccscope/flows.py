@@ -24,6 +24,10 @@ TCP_STATES = {
     1: "established", 2: "syn-sent", 3: "syn-recv", 4: "fin-wait1", 5: "fin-wait2", 6: "time-wait",
     7: "close", 8: "close-wait", 9: "last-ack", 10: "listen", 11: "closing", 12: "new-syn-recv",
 }
+# tp->ecn_flags' mode bits (include/net/tcp.h): bit 0 alone is classic ECN (RFC 3168; TCP_ECN_OK before 6.18),
+# bit 4 alone AccECN, both while a handshake that asked for AccECN is pending
+ECN_MODES = {0x00: "off", 0x01: "ecn", 0x10: "accecn", 0x11: "pending"}
+ECN_MODE_BITS = 0x11
 INFINITE_SSTHRESH = 0x7FFFFFFF
 UNLIMITED_PACING = (1 << 64) - 1
 
@@ -72,6 +76,9 @@ class FlowRecord:
     tgid: int = 0       # process that connected, or listened for an accepted flow; 0 if unknown
     comm: str = ""      # its name then
     cgroup_id: int = 0  # cgroup v2 id of the socket; 0 if unknown
+    delivered_packets: int = 0     # tcpi_delivered
+    delivered_ce_packets: int = 0  # tcpi_delivered_ce: delivered with a CE mark, as the peer fed back
+    ecn: str = "off"               # negotiated: ECN_MODES' values
 
     @property
     def bytes_total(self) -> int:
@@ -141,8 +148,9 @@ def record_fields(flow: bt.Flow | bt.FlowTuple) -> dict:
     # flow's order, later fields ignored here
     (cookie, first_ns, last_ns, closed_ns, bytes_acked, bytes_sent, bytes_received, pacing_rate, netns, family,
      sport, dport, ca_state, sk_state, event, _pad0, saddr, daddr, snd_cwnd, snd_ssthresh, srtt_us, rttvar_us,
-     min_rtt_us, mss_cache, packets_out, retrans_out, lost_out, sacked_out, total_retrans, lost, _delivered,
-     rate_delivered, rate_interval_us, _retransmit_events, ca_name, cgroup_id, tgid, _cgroup_slot, comm, *_) = flow
+     min_rtt_us, mss_cache, packets_out, retrans_out, lost_out, sacked_out, total_retrans, lost, delivered,
+     rate_delivered, rate_interval_us, _retransmit_events, ca_name, cgroup_id, tgid, _cgroup_slot, comm,
+     delivered_ce, ecn_flags, *_) = flow
     family = socket.AF_INET6 if family == socket.AF_INET6 else socket.AF_INET
     delivery = 0.0
     if rate_delivered and rate_interval_us:
@@ -181,6 +189,9 @@ def record_fields(flow: bt.Flow | bt.FlowTuple) -> dict:
         "tgid": tgid,
         "comm": _text(comm),
         "cgroup_id": cgroup_id,
+        "delivered_packets": delivered,
+        "delivered_ce_packets": delivered_ce,
+        "ecn": ECN_MODES[ecn_flags & ECN_MODE_BITS],
     }
 
 

@@ -203,7 +203,8 @@ def empty_flow() -> dict:
     return {"algorithm_kernel": None, "cookie": None, "sport": None, "dport": None, "samples": 0,
             "goodput_bps": None, "goodput_common_bps": None, "window_s": None, "srtt_ms": summary([]),
             "retransmits": None,
-            "bytes_acked": None, "bytes_sent": None, "segments_sent": None, "retransmit_ratio": None}
+            "bytes_acked": None, "bytes_sent": None, "segments_sent": None, "retransmit_ratio": None,
+            "ecn": None, "delivered_ce_packets": None, "ce_fraction": None}
 
 
 def flow_metrics(series, warmup_s: float, t0: float) -> tuple[dict, list[float]]:
@@ -220,7 +221,14 @@ def flow_metrics(series, warmup_s: float, t0: float) -> tuple[dict, list[float]]
             "srtt_ms": summary(srtts), "retransmits": last.retransmits, "bytes_acked": last.bytes_acked,
             "bytes_sent": last.bytes_sent,
             "segments_sent": last.bytes_sent / last.mss_bytes if last.mss_bytes else None,
-            "retransmit_ratio": retransmit_ratio(last.retransmits, last.bytes_sent, last.mss_bytes)}, srtts
+            "retransmit_ratio": retransmit_ratio(last.retransmits, last.bytes_sent, last.mss_bytes),
+            "ecn": series.ecn, "delivered_ce_packets": series.delivered_ce_packets,
+            "ce_fraction": ce_fraction(series.delivered_ce_packets, series.delivered_packets)}, srtts
+
+
+def ce_fraction(delivered_ce: int | None, delivered: int | None) -> float | None:
+    """The share of delivered packets the peer fed back as CE-marked."""
+    return delivered_ce / delivered if delivered_ce is not None and delivered else None
 
 
 def _sojourn(run: dict, key: str) -> float | None:

@@ -99,6 +99,10 @@ class FlowSeries:
     dport: int
     samples: list[Sample]
     states: list[StateChange] = field(default_factory=list)  # each change of its algorithm's state
+    # as of the last sample (the kernel's running totals and the handshake's outcome); None where unknown
+    ecn: str | None = None
+    delivered_packets: int | None = None
+    delivered_ce_packets: int | None = None
 
     @property
     def cc(self) -> str:
@@ -184,6 +188,8 @@ class Recorder:
                 series = self._flows[flow.cookie] = FlowSeries(flow.cookie, flow.src, flow.sport, flow.dst,
                                                                flow.dport, [], self._unmatched.pop(flow.cookie, []))
             series.samples.append(Sample.of(flow))
+            series.ecn, series.delivered_packets = flow.ecn, flow.delivered_packets
+            series.delivered_ce_packets = flow.delivered_ce_packets
 
     def start(self, netns: int) -> None:
         with self._lock:
