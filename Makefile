@@ -49,8 +49,8 @@ daemon/ccscope/bpf/cc/%.bpf.o: bpf/cc/%.bpf.c bpf/cc/cc_common.h bpf/cc/cc_state
 
 delayline: $(DELAYLINE)
 
-$(DELAYLINE): daemon/ccscope/emulation/delayline.c
-	$(CC) -O2 -Wall -Wextra -Werror -o $@ $< -lnetfilter_queue -lnfnetlink -lm
+$(DELAYLINE): daemon/ccscope/emulation/delayline.c daemon/ccscope/emulation/pi.c daemon/ccscope/emulation/pi.h
+	$(CC) -O2 -Wall -Wextra -Werror -o $@ daemon/ccscope/emulation/delayline.c daemon/ccscope/emulation/pi.c -lnetfilter_queue -lnfnetlink -lm
 
 assets: $(ASSETS)
 

@@ -24,6 +24,7 @@ SYSCTLS = (
     "net/ipv4/tcp_allowed_congestion_control",
     "net/ipv4/tcp_congestion_control",
     "net/ipv4/ip_forward",
+    "net/ipv4/tcp_ecn",  # `ecn:` sets it in the scenario's namespaces only
 )
 WATCHED_COMMS = {"ccscope-delayli", "iperf3", "ping"}
 
@@ -162,9 +163,10 @@ def left_by(pid: int) -> list[str]:
             + sorted(ns for ns in names if ns.startswith(f"ccs-probe-{pid}-")))
 
 
-def iperf3(tb: Testbed, *args: str, seconds: float = 3, omit: float = 1) -> dict:
-    """One TCP iperf3 run sender -> receiver; returns the -J document."""
-    port = str(5201 + os.getpid() % 1000)
+def iperf3(tb: Testbed, *args: str, seconds: float = 3, omit: float = 1, port_offset: int = 0) -> dict:
+    """One iperf3 run sender -> receiver (TCP unless `args` say -u); returns the -J document. Runs side by side
+    take different `port_offset`s."""
+    port = str(5201 + os.getpid() % 1000 + port_offset)
     server = tb.popen(tb.receiver_ns, ["iperf3", "-s", "-1", "-p", port], stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:

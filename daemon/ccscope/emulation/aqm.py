@@ -10,8 +10,12 @@ Where it runs: ccscope's userspace delay line (delayline.c) owns the bottleneck 
 and queue, on either backend (as for a trace). It runs CoDel (RFC 8289) as the kernel's codel_impl.h does,
 dropping or marking, and fq_codel (RFC 8290) as sch_fq_codel.c does: 1024 flow queues by 5-tuple, each
 with its own CoDel, served by deficit round robin (a quantum of 1514 bytes), new flows first; ECN marking
-on by default, as the kernel's. The other AQMs the field uses are named here so that a scenario that asks
-for one gets one clear line, not "unknown key"; they are not in the delay line yet.
+on by default, as the kernel's. PIE (RFC 8033) and DualPI2 (RFC 9332) decide as sch_pie.c and
+sch_dualpi2.c (pi.c): PIE drops (or, with `ecn`, marks while its probability is at most 10 %) at enqueue
+with a probability its PI controller updates every `tupdate` from the queue delay; DualPI2 puts ECT(1) and CE
+packets in an L queue marked at `coupling` x p and, past `step` of sojourn, always, and the rest in a C queue
+dropped or marked at p^2, the L queue served first but for 10 % of the link kept for C. The other AQMs the
+field uses are named here so that a scenario that asks for one gets one clear line, not "unknown key".
 """
 
 from __future__ import annotations
@@ -23,23 +27,32 @@ from ccscope.errors import UsageError
 from ccscope.units import format_seconds, parse_duration
 
 KNOWN = ("fifo", "codel", "fq_codel", "pie", "fq_pie", "cake", "dualpi2")
-IN_DELAYLINE = ("fifo", "codel", "fq_codel")
-# RFC 8289 section 4.2-4.3 and the kernel's defaults (codel_params_init): 5 ms target, 100 ms interval.
-CODEL_TARGET_S = 0.005
-CODEL_INTERVAL_S = 0.100
-_PARAMETERS = {"codel": ("target", "interval", "ecn"), "fq_codel": ("target", "interval", "ecn")}
-# Whether each marks by default, as the kernel's (codel: off; fq_codel: `ecn` on).
-_ECN_DEFAULT = {"codel": False, "fq_codel": True}
-# The hard limit without `queue`, as the kernel's: sch_codel 1000 packets, sch_fq_codel 10240.
-DEFAULT_LIMIT_PACKETS = {"codel": 1000, "fq_codel": 10240}
+IN_DELAYLINE = ("fifo", "codel", "fq_codel", "pie", "dualpi2")
+# Each AQM's parameters and the kernel's defaults (codel_params_init: RFC 8289 section 4.2-4.3; sch_pie.c:
+# RFC 8033's; sch_dualpi2.c: RFC 9332's target with a 16 ms update and a 1 ms L step), and whether it marks
+# by default (codel and pie: off; fq_codel: `ecn` on; dualpi2 always marks, its L queue is ECN by definition).
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "codel": {"target": 0.005, "interval": 0.100, "ecn": False},
+    "fq_codel": {"target": 0.005, "interval": 0.100, "ecn": True},
+    "pie": {"target": 0.015, "tupdate": 0.015, "ecn": False},
+    "dualpi2": {"target": 0.015, "tupdate": 0.016, "step": 0.001, "coupling": 2.0},
+}
+# The hard limit without `queue`, as the kernel's: sch_codel and sch_pie 1000 packets, sch_fq_codel 10240,
+# sch_dualpi2 10000 (both queues).
+DEFAULT_LIMIT_PACKETS = {"codel": 1000, "fq_codel": 10240, "pie": 1000, "dualpi2": 10000}
+# A duration parameter's allowed range in seconds.
+_RANGES = {"target": (1e-4, 1.0), "interval": (1e-3, 10.0), "tupdate": (1e-3, 1.0), "step": (0.0, 1.0)}
 
 
 @dataclass(frozen=True)
 class Aqm:
     name: str
-    target_s: float | None = None  # CoDel: the acceptable standing queue (sojourn time)
+    target_s: float | None = None  # the acceptable standing queue (sojourn time)
     interval_s: float | None = None  # CoDel: how long the queue may stay above target (about a worst RTT)
     ecn: bool = False  # marks ECN-capable packets instead of dropping them
+    tupdate_s: float | None = None  # PIE, DualPI2: how often the PI controller updates its probability
+    step_s: float | None = None  # DualPI2: the L queue's sojourn past which every packet is marked
+    coupling: float | None = None  # DualPI2: k, the L queue's marking k p against the C queue's p^2
 
     @classmethod
     def parse(cls, raw: Any, where: str) -> Aqm | None:
@@ -51,48 +64,53 @@ class Aqm:
             raise UsageError(f"{where}: expected an AQM's name ({', '.join(KNOWN)}) or a mapping with `name`, "
                              f"got {raw!r}")
         name = _name(data.get("name"), where)
-        allowed = _PARAMETERS.get(name, ())
+        defaults = DEFAULTS.get(name, {})
         for key in data:
-            if key != "name" and key not in allowed:
-                known = ", ".join(("name", *allowed))
+            if key != "name" and key not in defaults:
+                known = ", ".join(("name", *defaults))
                 raise UsageError(f"{where}.{key}: unknown key for {name} (known: {known})")
-        if name not in _PARAMETERS:
+        if not defaults:
             return cls(name)
-        target = parse_duration(data.get("target", CODEL_TARGET_S), f"{where}.target", 1e-4, 1.0)
-        interval = parse_duration(data.get("interval", CODEL_INTERVAL_S), f"{where}.interval", 1e-3, 10.0)
-        if target >= interval:
-            raise UsageError(f"{where}.target: {format_seconds(target)} is not below the interval "
-                             f"{format_seconds(interval)} (RFC 8289: 5 % to 10 % of it)")
-        ecn = data.get("ecn", _ECN_DEFAULT[name])
-        if not isinstance(ecn, bool):
-            raise UsageError(f"{where}.ecn: expected true or false, got {ecn!r}")
-        return cls(name, target, interval, ecn)
+        values = {key: _parameter(key, data.get(key, default), f"{where}.{key}") for key, default in defaults.items()}
+        if "interval" in values and values["target"] >= values["interval"]:
+            raise UsageError(f"{where}.target: {format_seconds(values['target'])} is not below the interval "
+                             f"{format_seconds(values['interval'])} (RFC 8289: 5 % to 10 % of it)")
+        return cls(name, values["target"], values.get("interval"), values.get("ecn", name == "dualpi2"),
+                   values.get("tupdate"), values.get("step"), values.get("coupling"))
 
     @property
     def manages(self) -> bool:
         """Anything but drop-tail: the delay line owns the bottleneck."""
         return self.name != "fifo"
 
+    def _durations(self) -> dict[str, float]:
+        """Its duration parameters that apply, by name (the delay line's and tc's)."""
+        named = {"target": self.target_s, "interval": self.interval_s, "tupdate": self.tupdate_s, "step": self.step_s}
+        return {key: value for key, value in named.items() if value is not None}
+
     def delayline_args(self) -> list[str]:
         args = ["--aqm", self.name]
-        if self.name in _PARAMETERS:
-            assert self.target_s is not None and self.interval_s is not None
-            args += ["--target-us", str(round(self.target_s * 1e6)), "--interval-us", str(round(self.interval_s * 1e6))]
-        return [*args, "--ecn"] if self.ecn else args
+        for key, value in self._durations().items():
+            args += [f"--{key}-us", str(round(value * 1e6))]
+        if self.coupling is not None:
+            args += ["--coupling", repr(self.coupling)]
+        return [*args, "--ecn"] if self.ecn and self.name != "dualpi2" else args
 
     def describe(self) -> str:
-        if self.name in _PARAMETERS:
-            assert self.target_s is not None and self.interval_s is not None
-            marks = " ecn" if self.ecn else ""
-            target, interval = format_seconds(self.target_s), format_seconds(self.interval_s)
-            return f"{self.name} target {target} interval {interval}{marks}"
-        return self.name
+        words = [self.name, *(f"{key} {format_seconds(value)}" for key, value in self._durations().items())]
+        if self.coupling is not None:
+            words.append(f"coupling {self.coupling:g}")
+        if self.ecn and self.name != "dualpi2":
+            words.append("ecn")
+        return " ".join(words)
 
     def as_dict(self, implementation: str) -> dict:
         """results.json's record of it: the name, its parameters, and which implementation ran it
         ("kernel": a qdisc; "ccscope": the delay line)."""
+        extra = {key: value for key, value in (("tupdate_s", self.tupdate_s), ("step_s", self.step_s),
+                                               ("coupling", self.coupling)) if value is not None}
         return {"name": self.name, "target_s": self.target_s, "interval_s": self.interval_s, "ecn": self.ecn,
-                "implementation": implementation}
+                **extra, "implementation": implementation}
 
 
 # `ecn:` on a profile: what the sender's and receiver's TCP ask for and accept (net.ipv4.tcp_ecn, set in the
@@ -113,9 +131,25 @@ def endpoint_ecn(raw: Any, where: str) -> str | None:
     return raw
 
 
+def _parameter(key: str, raw: Any, where: str) -> float | bool:
+    if key == "ecn":
+        if not isinstance(raw, bool):
+            raise UsageError(f"{where}: expected true or false, got {raw!r}")
+        return raw
+    if key == "coupling":
+        if isinstance(raw, bool) or not isinstance(raw, int | float) or not 1 <= raw <= 16:
+            raise UsageError(f"{where}: expected a number from 1 to 16 (RFC 9332: 2), got {raw!r}")
+        return float(raw)
+    return parse_duration(raw, where, *_RANGES[key])
+
+
 def _name(raw: Any, where: str) -> str:
     if not isinstance(raw, str) or raw not in KNOWN:
         raise UsageError(f"{where}: {raw!r} is not an AQM (known: {', '.join(KNOWN)})")
+    if raw == "cake":
+        raise UsageError(f"{where}: cake is the kernel's alone (sch_cake, Linux 4.19 and later: Debian's and "
+                         f"Ubuntu's stock kernels have it), which ccscope does not put under its shaper yet; "
+                         f"ccscope's delay line runs {', '.join(IN_DELAYLINE)}")
     if raw not in IN_DELAYLINE:
         raise UsageError(f"{where}: {raw} is not in ccscope's delay line yet; it runs {', '.join(IN_DELAYLINE)}")
     return raw

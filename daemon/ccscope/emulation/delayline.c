@@ -5,7 +5,8 @@
 // no --queue-bypass: a bypass would silently remove the delay). This program holds every packet for
 // delay (+ jitter) and then accepts it, drops a random fraction `loss`, and optionally owns the
 // bottleneck: its queue, then either the delivery opportunities of a Mahimahi trace (--trace) or a fixed
-// rate (--rate-bps) with an active queue management (--aqm codel or fq_codel). Otherwise rate limiting and the
+// rate (--rate-bps) with an active queue management (--aqm codel, fq_codel, pie or dualpi2; pi.c decides for
+// the last two). Otherwise rate limiting and the
 // bottleneck queue stay in the kernel (tbf on the router's egress), separate from the delay line.
 //
 // Stage order per packet: random loss -> delay line (FIFO) -> [bottleneck queue (drop-tail at its
@@ -16,10 +17,12 @@
 // (release = max(arrival + delay + U(-jitter, +jitter), previous release)), like a real path whose
 // delay varies but which does not reorder. Because release order equals arrival order, one
 // nfq_set_verdict_batch() accepts every packet up to the newest one due, which keeps up at high packet
-// rates. fq_codel alone reorders, between flows (its point): there each packet gets a verdict of its own.
+// rates. fq_codel reorders between flows and dualpi2 between its two queues (their point): there each
+// packet gets a verdict of its own.
 //
 // Usage: ccscope-delayline --queue N [--delay-us D] [--jitter-us J] [--loss P] [--seed S]
-//          [--trace FILE | --rate-bps R [--aqm fifo|codel|fq_codel [--target-us T] [--interval-us I] [--ecn]]]
+//          [--trace FILE | --rate-bps R [--aqm fifo|codel|fq_codel|pie|dualpi2 [--target-us T]
+//          [--interval-us I] [--tupdate-us U] [--step-us S] [--coupling K] [--ecn]]]
 //          [--queue-packets N | --queue-bytes N] [--maxlen N] [--stats FILE] [--realtime]
 // Prints "ready" on stdout once bound to the queue. SIGUSR1 writes counters to the stats file
 // (key value lines, `seq` increments per write); SIGTERM/SIGINT write them and exit.
@@ -45,6 +48,8 @@
 
 #include <libnetfilter_queue/libnetfilter_queue.h>
 
+#include "pi.h"
+
 #define TRACE_OPPORTUNITY_BYTES 1500
 #define ETH_HEADER_BYTES 14 // a rate is at layer 2, as tbf counts it: the IP packet and its Ethernet header
 #define MTU_FRAME_BYTES 1514 // CoDel does not drop while at most a frame is queued (the kernel's psched_mtu)
@@ -61,6 +66,8 @@ struct pkt {
 	int64_t t;   // release time from the delay line (monotonic ns)
 	int64_t enq; // when it entered the bottleneck queue (for the AQM's sojourn time)
 	uint32_t flow; // its 5-tuple's hash (fq_codel)
+	uint8_t ecn;   // the ECN field it arrived with (enum ecn_field)
+	uint8_t l;     // dualpi2: it went through the L queue
 	// With an AQM that marks (--ecn): the whole packet as the kernel gave it, to release with CE set.
 	unsigned char *data;
 	uint32_t caplen;
@@ -135,12 +142,20 @@ static int64_t link_free;
 static int64_t queued_since; // when the bottleneck queue last went from empty to not
 
 // The AQM of the bottleneck queue (rate mode): its kind and CoDel's parameters (RFC 8289), times in ns.
-enum aqm_kind { AQM_FIFO, AQM_CODEL, AQM_FQ_CODEL };
+enum aqm_kind { AQM_FIFO, AQM_CODEL, AQM_FQ_CODEL, AQM_PIE, AQM_DUALPI2 };
 static struct {
 	enum aqm_kind kind;
 	int ecn; // marks ECN-capable packets where it would drop them
 	int64_t target, interval;
-} aqm = {.target = 5000000, .interval = 100000000};
+	int64_t tupdate, step; // PIE and DualPI2: how often the probability is updated; DualPI2's L step
+	double coupling;
+} aqm = {.target = 5000000, .interval = 100000000, .tupdate = 16000000, .step = 1000000, .coupling = 2};
+
+// PIE and DualPI2 (pi.h): their state, DualPI2's L queue (bq is its C queue), and the next update.
+static struct pie pie;
+static struct dualpi2 dualpi2;
+static struct ring lq;
+static int64_t next_update;
 
 // CoDel's state of one queue: the bottleneck's (codel), or each flow's (fq_codel), as the kernel's
 // include/net/codel_impl.h keeps it.
@@ -174,8 +189,9 @@ static uint32_t hash_seed;
 
 static struct {
 	uint64_t packets, bytes, accepted, random_drops, queue_drops, enobufs, max_held, seq, stamped;
-	uint64_t late_releases, max_late_ns, aqm_drops, aqm_marks;
-	uint64_t sojourn[SOJOURN_BUCKETS]; // of every packet the bottleneck sent (rate mode)
+	uint64_t late_releases, max_late_ns, aqm_drops, aqm_marks, aqm_step_marks;
+	uint64_t sojourn[SOJOURN_BUCKETS];   // of every packet the bottleneck sent (rate mode)
+	uint64_t sojourn_l[SOJOURN_BUCKETS]; // of those that went through dualpi2's L queue
 } st;
 
 static int64_t release_now; // when the current round of releases happens (monotonic ns)
@@ -184,6 +200,12 @@ static uint32_t max_accept_id;
 static int have_accept;
 
 static volatile sig_atomic_t want_stats, want_exit;
+
+// Packets in the bottleneck's queues (not yet on the wire).
+static uint64_t queued_packets(void)
+{
+	return bq.n + lq.n + fq_packets;
+}
 
 static int64_t now_ns(void)
 {
@@ -269,7 +291,7 @@ static void write_stats(void)
 		return;
 	uint64_t kqd, kud, waiting;
 	kernel_counters(&kqd, &kud, &waiting);
-	uint64_t held = delayq.n + bq.n + fq_packets + (uint64_t)wire_busy;
+	uint64_t held = delayq.n + queued_packets() + (uint64_t)wire_busy;
 	char tmp[4096];
 	snprintf(tmp, sizeof(tmp), "%s.tmp", stats_path);
 	FILE *f = fopen(tmp, "w");
@@ -281,13 +303,16 @@ static void write_stats(void)
 		"\nrandom_drops %" PRIu64 "\nqueue_drops %" PRIu64 "\nkernel_queue_dropped %" PRIu64
 		"\nkernel_user_dropped %" PRIu64 "\nenobufs %" PRIu64 "\nmax_held %" PRIu64 "\nheld %" PRIu64
 		"\nkernel_stamped %" PRIu64 "\nlate_releases %" PRIu64 "\nmax_late_us %" PRIu64
-		"\naqm_drops %" PRIu64 "\naqm_marks %" PRIu64 "\n",
+		"\naqm_drops %" PRIu64 "\naqm_marks %" PRIu64 "\naqm_step_marks %" PRIu64 "\n",
 		st.seq, st.packets, st.bytes, st.accepted, st.random_drops, st.queue_drops, kqd, kud, st.enobufs,
 		st.max_held, held > waiting ? held : waiting, st.stamped, st.late_releases, st.max_late_ns / 1000,
-		st.aqm_drops, st.aqm_marks);
-	for (int i = 0; i < SOJOURN_BUCKETS; i++)
+		st.aqm_drops, st.aqm_marks, st.aqm_step_marks);
+	for (int i = 0; i < SOJOURN_BUCKETS; i++) {
 		if (st.sojourn[i])
 			fprintf(f, "sojourn_bucket_%d %" PRIu64 "\n", i, st.sojourn[i]);
+		if (st.sojourn_l[i])
+			fprintf(f, "sojourn_l_bucket_%d %" PRIu64 "\n", i, st.sojourn_l[i]);
+	}
 	fclose(f);
 	rename(tmp, stats_path);
 }
@@ -318,13 +343,13 @@ static void flush_accepts(struct nfq_q_handle *qh)
 
 // Releases p, which was due at `due` (its delay line time, or the trace opportunity that carries it), in
 // the next batch verdict: every packet the kernel still holds up to p's id goes with it, which is right
-// while packets leave in the order they came. fq_codel's flows leave out of that order (a new flow's packet
-// before an older one of the bulk flow, which a batch would release early, and whose drop would then come
-// too late): one verdict each.
+// while packets leave in the order they came. fq_codel's flows and dualpi2's queues leave out of that order
+// (a new flow's packet before an older one of the bulk flow, which a batch would release early, and whose
+// drop would then come too late): one verdict each.
 static void accept_pkt(struct nfq_q_handle *qh, struct pkt *p, int64_t due)
 {
 	count_release(due);
-	if (aqm.kind == AQM_FQ_CODEL) {
+	if (aqm.kind == AQM_FQ_CODEL || aqm.kind == AQM_DUALPI2) {
 		nfq_set_verdict(qh, p->id, NF_ACCEPT, 0, NULL);
 	} else {
 		max_accept_id = p->id;
@@ -413,23 +438,6 @@ static void tail_drop(struct nfq_q_handle *qh, struct pkt *p)
 
 static void fq_enqueue(struct nfq_q_handle *qh, struct pkt p);
 
-// Moves a packet that left the delay line into the bottleneck queue (drop-tail at its limit).
-static void enter_bottleneck(struct nfq_q_handle *qh, struct pkt p)
-{
-	p.enq = p.t;
-	if (!bq.n && !fq_packets)
-		queued_since = p.enq;
-	if (aqm.kind == AQM_FQ_CODEL) {
-		fq_enqueue(qh, p);
-		return;
-	}
-	if (over_limit(bq.n + 1, bq.bytes + p.len)) {
-		tail_drop(qh, &p);
-		return;
-	}
-	ring_push(&bq, p);
-}
-
 static void aqm_drop(struct nfq_q_handle *qh, struct pkt *p)
 {
 	st.aqm_drops++;
@@ -442,7 +450,45 @@ static uint64_t backlog_bytes(void)
 	// at layer 2, as the kernel's qdisc_pkt_len counts
 	if (aqm.kind == AQM_FQ_CODEL)
 		return fq_bytes + fq_packets * ETH_HEADER_BYTES;
-	return bq.bytes + bq.n * ETH_HEADER_BYTES;
+	return bq.bytes + lq.bytes + (bq.n + lq.n) * ETH_HEADER_BYTES;
+}
+
+// A PI verdict carried out on p: 1 if p goes on (marked if so decided), 0 if it was dropped. A packet that
+// already carries CE passes as it is, uncounted (the kernel's INET_ECN_set_ce() fails on it); one whose copy
+// cannot be rewritten is dropped.
+static int carry_out(struct nfq_q_handle *qh, struct pkt *p, enum pi_verdict v, int step)
+{
+	if (v == PI_MARK && p->ecn != ECN_CE) {
+		if (!set_ce(p))
+			v = PI_DROP;
+		else
+			st.aqm_marks++, st.aqm_step_marks += (uint64_t)step;
+	}
+	if (v == PI_DROP) {
+		aqm_drop(qh, p);
+		return 0;
+	}
+	return 1;
+}
+
+// Moves a packet that left the delay line into the bottleneck queue (drop-tail at its limit); PIE decides
+// here, DualPI2 sorts it into its L or C queue.
+static void enter_bottleneck(struct nfq_q_handle *qh, struct pkt p)
+{
+	p.enq = p.t;
+	if (!queued_packets())
+		queued_since = p.enq;
+	if (aqm.kind == AQM_FQ_CODEL) {
+		fq_enqueue(qh, p);
+		return;
+	}
+	if (over_limit(bq.n + lq.n + 1, bq.bytes + lq.bytes + p.len)) {
+		tail_drop(qh, &p);
+		return;
+	}
+	if (aqm.kind == AQM_PIE && !carry_out(qh, &p, pie_enqueue(&pie, backlog_bytes(), p.ecn, rng_unit()), 0))
+		return;
+	ring_push(aqm.kind == AQM_DUALPI2 && dualpi2_is_l(p.ecn) ? &lq : &bq, p);
 }
 
 // The head of queue q (the bottleneck's, or one flow's under fq_codel, whose totals it keeps).
@@ -632,11 +678,53 @@ static uint32_t flow_hash(const unsigned char *h, int len)
 	return x ^ (x >> 15);
 }
 
-static void count_sojourn(int64_t ns)
+static void count_sojourn(uint64_t *hist, int64_t ns)
 {
 	double us = ns > 0 ? (double)ns / 1000.0 : 0.0;
 	int i = us < 1.0 ? 0 : (int)(4.0 * log2(us));
-	st.sojourn[i < SOJOURN_BUCKETS ? i : SOJOURN_BUCKETS - 1]++;
+	hist[i < SOJOURN_BUCKETS ? i : SOJOURN_BUCKETS - 1]++;
+}
+
+// The next packet PIE lets go: it decided at enqueue, and learns the delay here.
+static int pie_dequeue(int64_t now, struct pkt *out)
+{
+	if (!bq.n)
+		return 0;
+	*out = ring_pop(&bq);
+	pie_dequeued(&pie, now, now - out->enq, backlog_bytes());
+	return 1;
+}
+
+// dualpi2_dequeue(): the queue the credit picks gives its head, which the AQM may then drop or mark.
+static int dualpi2_dequeue(struct nfq_q_handle *qh, int64_t now, struct pkt *out)
+{
+	while (lq.n || bq.n) {
+		int from_l = dualpi2_serve_l(&dualpi2, lq.n, bq.n), step;
+		struct pkt p = ring_pop(from_l ? &lq : &bq);
+		int other_waiting = from_l ? bq.n > 0 : lq.n > 0;
+		enum pi_verdict v = dualpi2_verdict(&dualpi2, from_l, p.ecn, backlog_bytes(), now - p.enq, rng_unit(),
+						    rng_unit(), &step);
+		if (!carry_out(qh, &p, v, step))
+			continue;
+		dualpi2_served(&dualpi2, from_l, other_waiting, p.len + ETH_HEADER_BYTES);
+		p.l = (uint8_t)from_l;
+		*out = p;
+		return 1;
+	}
+	dualpi2_idle(&dualpi2);
+	return 0;
+}
+
+// Every tupdate: the PI controller's step, from the queue delay now.
+static void pi_update(int64_t t)
+{
+	if (aqm.kind == AQM_PIE) {
+		pie_update(&pie, backlog_bytes());
+	} else {
+		int64_t c = bq.n ? t - ring_front(&bq)->enq : 0, l = lq.n ? t - ring_front(&lq)->enq : 0;
+		dualpi2_update(&dualpi2, c, l);
+	}
+	next_update += aqm.tupdate;
 }
 
 // Rate mode at `t`: the link is free, so the bottleneck queue's next packet (after the AQM) goes on the
@@ -646,11 +734,15 @@ static void start_sending(struct nfq_q_handle *qh, int64_t t)
 	struct pkt p;
 	int have = aqm.kind == AQM_FQ_CODEL ? fq_dequeue(qh, t, &p)
 		   : aqm.kind == AQM_CODEL  ? codel_dequeue(qh, t, &bq, &bq_codel, &p)
+		   : aqm.kind == AQM_PIE    ? pie_dequeue(t, &p)
+		   : aqm.kind == AQM_DUALPI2 ? dualpi2_dequeue(qh, t, &p)
 		   : bq.n		    ? (p = ring_pop(&bq), 1)
 					    : 0;
 	if (!have)
 		return;
-	count_sojourn(t - p.enq);
+	count_sojourn(st.sojourn, t - p.enq);
+	if (p.l)
+		count_sojourn(st.sojourn_l, t - p.enq);
 	on_wire = p;
 	wire_busy = 1;
 	link_free = t + (int64_t)((double)(p.len + ETH_HEADER_BYTES) * 8e9 / rate_bps + 0.5);
@@ -664,13 +756,17 @@ static int64_t run_due_rate(struct nfq_q_handle *qh, int64_t now)
 		int64_t td = d ? d->t : INT64_MAX;
 		int64_t tf = wire_busy ? link_free : INT64_MAX; // the packet on the wire has left
 		int64_t ts = INT64_MAX;				// the next one goes on the wire
-		if (!wire_busy && (bq.n || fq_packets)) // the link is free since link_free, the queue full since
+		if (!wire_busy && queued_packets()) // the link is free since link_free, the queue full since
 			ts = link_free > queued_since ? link_free : queued_since;
+		int64_t tu = aqm.kind == AQM_PIE || aqm.kind == AQM_DUALPI2 ? next_update : INT64_MAX;
 		int64_t t = td < tf ? td : tf;
 		t = t < ts ? t : ts;
+		t = t < tu ? t : tu;
 		if (t > now)
 			return t == INT64_MAX ? -1 : t;
-		if (tf == t) {
+		if (tu == t) {
+			pi_update(t);
+		} else if (tf == t) {
 			wire_busy = 0;
 			if (on_wire.marked)
 				accept_marked(qh, &on_wire, link_free);
@@ -763,6 +859,10 @@ static int on_packet(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_d
 		t = last_release; // keep order
 	last_release = t;
 	struct pkt p = {.id = id, .len = len, .t = t};
+	if (plen >= 20 && (payload[0] >> 4) == 4)
+		p.ecn = payload[1] & 3;
+	else if (plen >= 40 && (payload[0] >> 4) == 6)
+		p.ecn = (payload[1] >> 4) & 3;
 	if (aqm.kind == AQM_FQ_CODEL)
 		p.flow = flow_hash(payload, plen);
 	if (aqm.ecn && plen > 0) {
@@ -775,7 +875,7 @@ static int on_packet(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_d
 		p.caplen = (uint32_t)plen;
 	}
 	ring_push(&delayq, p);
-	uint64_t held = delayq.n + bq.n + fq_packets + (uint64_t)wire_busy;
+	uint64_t held = delayq.n + queued_packets() + (uint64_t)wire_busy;
 	if (held > st.max_held)
 		st.max_held = held;
 	return 0;
@@ -815,9 +915,9 @@ static void load_trace(const char *path)
 static void usage(void)
 {
 	fprintf(stderr, "usage: ccscope-delayline --queue N [--delay-us D] [--jitter-us J] [--loss P] "
-			"[--seed S] [--trace FILE | --rate-bps R [--aqm fifo|codel|fq_codel [--target-us T] "
-			"[--interval-us I] [--ecn]]] [--queue-packets N|--queue-bytes N] [--maxlen N] [--stats FILE] "
-			"[--realtime]\n");
+			"[--seed S] [--trace FILE | --rate-bps R [--aqm fifo|codel|fq_codel|pie|dualpi2 [--target-us T] "
+			"[--interval-us I] [--tupdate-us U] [--step-us S] [--coupling K] [--ecn]]] "
+			"[--queue-packets N|--queue-bytes N] [--maxlen N] [--stats FILE] [--realtime]\n");
 	exit(2);
 }
 
@@ -832,7 +932,8 @@ int main(int argc, char **argv)
 		{"realtime", no_argument, 0, 'r'},	 {"rate-bps", required_argument, 0, 'R'},
 		{"aqm", required_argument, 0, 'A'},	 {"target-us", required_argument, 0, 'T'},
 		{"interval-us", required_argument, 0, 'I'}, {"ecn", no_argument, 0, 'E'},
-		{0, 0, 0, 0},
+		{"tupdate-us", required_argument, 0, 'U'}, {"step-us", required_argument, 0, 'S'},
+		{"coupling", required_argument, 0, 'K'},	 {0, 0, 0, 0},
 	};
 	long long maxlen = 1 << 17;
 	int have_queue = 0, realtime = 0, c;
@@ -856,19 +957,30 @@ int main(int argc, char **argv)
 				aqm.kind = AQM_CODEL;
 			else if (strcmp(optarg, "fq_codel") == 0)
 				aqm.kind = AQM_FQ_CODEL;
+			else if (strcmp(optarg, "pie") == 0)
+				aqm.kind = AQM_PIE;
+			else if (strcmp(optarg, "dualpi2") == 0)
+				aqm.kind = AQM_DUALPI2;
 			else if (strcmp(optarg, "fifo") != 0)
 				usage();
 			break;
 		case 'T': aqm.target = strtoll(optarg, NULL, 10) * 1000LL; break;
 		case 'I': aqm.interval = strtoll(optarg, NULL, 10) * 1000LL; break;
 		case 'E': aqm.ecn = 1; break;
+		case 'U': aqm.tupdate = strtoll(optarg, NULL, 10) * 1000LL; break;
+		case 'S': aqm.step = strtoll(optarg, NULL, 10) * 1000LL; break;
+		case 'K': aqm.coupling = strtod(optarg, NULL); break;
 		default: usage();
 		}
 	}
 	if (!have_queue || delay_ns < 0 || jitter_ns < 0 || loss < 0 || loss > 1 || maxlen <= 0 || rate_bps < 0 ||
 	    (rate_bps > 0 && trace) || (aqm.kind != AQM_FIFO && rate_bps <= 0) || (aqm.ecn && aqm.kind == AQM_FIFO) || aqm.target <= 0 ||
-	    aqm.interval <= 0)
+	    aqm.interval <= 0 || aqm.tupdate <= 0 || aqm.step < 0 || !(aqm.coupling >= 1))
 		usage();
+	if (aqm.kind == AQM_DUALPI2)
+		aqm.ecn = 1; // marking is its point: L4S packets are ECN-capable by definition
+	pie_init(&pie, aqm.target, aqm.tupdate, aqm.ecn);
+	dualpi2_init(&dualpi2, aqm.target, aqm.tupdate, aqm.step, aqm.coupling);
 	if (trace)
 		load_trace(trace);
 	hash_seed = (uint32_t)(rng_state >> 32) ^ 0x9e3779b9u; // from the seed, without drawing from it
@@ -927,6 +1039,7 @@ int main(int argc, char **argv)
 
 	enable_kernel_timestamps();
 	trace_base = now_ns();
+	next_update = trace_base + aqm.tupdate;
 	write_stats();
 	printf("ready\n");
 	fflush(stdout);

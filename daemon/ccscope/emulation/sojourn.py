@@ -3,6 +3,8 @@
 delayline.c counts each packet the bottleneck sends in bucket i = floor(4 log2(sojourn in us)), so bucket i
 holds [2^(i/4), 2^((i+1)/4)) us: about 19 % wide, from 1 us to 16 s. The stats file has one line per bucket
 that is not empty (`sojourn_bucket_<i> <count>`). A percentile is its bucket's geometric middle (within 9 %).
+Under dualpi2 the packets of its L queue are also counted apart (`sojourn_l_bucket_<i>`): the C queue's are
+the rest.
 """
 
 from __future__ import annotations
@@ -10,15 +12,27 @@ from __future__ import annotations
 import math
 
 PREFIX = "sojourn_bucket_"
+L_PREFIX = "sojourn_l_bucket_"
+PREFIXES = (PREFIX, L_PREFIX)  # every histogram's keys
 
 
-def buckets(stats: dict[str, int]) -> dict[int, int]:
-    return {int(key.removeprefix(PREFIX)): count for key, count in stats.items() if key.startswith(PREFIX) and count}
+def buckets(stats: dict[str, int], prefix: str = PREFIX) -> dict[int, int]:
+    return {int(key.removeprefix(prefix)): count for key, count in stats.items() if key.startswith(prefix) and count}
 
 
-def summary(stats: dict[str, int]) -> dict | None:
-    """{count, median_ms, p95_ms, p99_ms} of the counters' buckets; None if no packet was counted."""
-    counts = sorted(buckets(stats).items())
+def summaries(stats: dict[str, int]) -> dict[str, dict]:
+    """`sojourn`: every packet's; with dualpi2's L queue counted apart, `sojourn_l` and `sojourn_c` too."""
+    every, low = buckets(stats), buckets(stats, L_PREFIX)
+    found = {"sojourn": summary(every)}
+    if low:
+        found["sojourn_l"] = summary(low)
+        found["sojourn_c"] = summary({i: n - low.get(i, 0) for i, n in every.items()})
+    return {name: value for name, value in found.items() if value is not None}
+
+
+def summary(counts_by_bucket: dict[int, int]) -> dict | None:
+    """{count, median_ms, p95_ms, p99_ms} of these buckets; None if no packet was counted."""
+    counts = sorted((i, n) for i, n in counts_by_bucket.items() if n)
     total = sum(n for _, n in counts)
     if not total:
         return None

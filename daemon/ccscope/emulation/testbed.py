@@ -357,7 +357,9 @@ class Testbed:
                 if getattr(self.profile, direction).in_delayline:
                     rec["aqm_drops"] = s.get("aqm_drops", 0)
                     rec["aqm_marks"] = s.get("aqm_marks", 0)
-                    rec.update({k: v for k, v in s.items() if k.startswith(sojourn.PREFIX)})
+                    if getattr(self.profile, direction).aqm.name == "dualpi2":
+                        rec["aqm_step_marks"] = s.get("aqm_step_marks", 0)
+                    rec.update({k: v for k, v in s.items() if k.startswith(sojourn.PREFIXES)})
                 rec["delay_overflows"] = s.get("kernel_queue_dropped", 0) + s.get("kernel_user_dropped", 0)
             out[direction] = rec
         return out

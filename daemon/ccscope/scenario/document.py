@@ -65,6 +65,9 @@ class FlowResult(TypedDict):
     bytes_acked: NotRequired[int | None]
     bytes_sent: NotRequired[int | None]
     segments_sent: NotRequired[float | None]
+    ecn: NotRequired[Literal["off", "ecn", "accecn", "pending"] | None]  # what the handshake negotiated
+    delivered_ce_packets: NotRequired[int | None]
+    ce_fraction: NotRequired[float | None]
     # real paths: whose series it is (realrun.py)
     view: NotRequired[Literal["sender", "receiver"] | None]
     sender_host: NotRequired[str]
@@ -108,7 +111,10 @@ class LinkDirection(TypedDict):
     random_drops: int
     aqm_drops: NotRequired[int]  # the AQM's own, before the limit (a link whose AQM runs in the delay line)
     aqm_marks: NotRequired[int]  # CE marks it set instead of dropping
+    aqm_step_marks: NotRequired[int]  # dualpi2: those of its L queue's step (a subset of aqm_marks)
     sojourn: NotRequired[Sojourn]
+    sojourn_l: NotRequired[Sojourn]  # dualpi2: its L queue's packets
+    sojourn_c: NotRequired[Sojourn]  # and its C queue's
 
 
 class Link(TypedDict, total=False):
@@ -197,6 +203,9 @@ class AqmEntry(TypedDict):
     target_s: float | None
     interval_s: float | None
     ecn: NotRequired[bool]  # marks instead of dropping
+    tupdate_s: NotRequired[float]  # pie, dualpi2
+    step_s: NotRequired[float]  # dualpi2
+    coupling: NotRequired[float]  # dualpi2
     implementation: Literal["kernel", "ccscope"]
 
 

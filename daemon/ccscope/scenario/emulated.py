@@ -109,8 +109,6 @@ def _link_delta(after: dict, before: dict) -> dict:
     link = {}
     for direction, counters in after.items():
         delta = {k: v - before.get(direction, {}).get(k, 0) if isinstance(v, int) else v for k, v in counters.items()}
-        queued = sojourn.summary(delta)
-        link[direction] = {k: v for k, v in delta.items() if not k.startswith(sojourn.PREFIX)}
-        if queued is not None:
-            link[direction]["sojourn"] = queued
+        link[direction] = {k: v for k, v in delta.items() if not k.startswith(sojourn.PREFIXES)}
+        link[direction].update(sojourn.summaries(delta))
     return link
