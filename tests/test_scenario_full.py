@@ -221,6 +221,14 @@ def _claim_bufferbloat(doc: dict) -> None:
     assert took["large-queue-isolated"] < 0.5 * took["large-queue"], took
     bulk = {p: runs[p]["flows"][0]["goodput_bps"] for p in runs}
     assert bulk["large-queue-isolated"] >= 0.95 * bulk["large-queue"], bulk
+    # the fix leaves the bulk flow its own 100 packets (its srtt stays bloated: median 35 / 101 / 112 ms), and
+    # the report's rows are the runs' (one run each)
+    rows = {row["profile"]: row for row in doc["summary"]}
+    srtt = {p: rows[p]["srtt_median_ms"]["mean"] for p in rows}
+    assert min(srtt["large-queue"], srtt["large-queue-isolated"]) > 2 * srtt["small-queue"], srtt
+    assert {p: rows[p]["ping_median_ms"]["mean"] for p in rows} == ping
+    assert runs["large-queue-isolated"]["link"]["up"]["interactive_packets"] > 0
+    assert all(d["algorithm_kernel"] == "cubic" for run in runs.values() for d in run["downloads"] if d["csv"])
     _claim_aqm_cures(doc, runs, ping, took, bulk)
 
 
@@ -250,6 +258,11 @@ def _claim_aqm_cures(doc: dict, runs: dict, ping: dict, took: dict, bulk: dict) 
     assert up["aqm_marks"] > 0 and up["queue_drops"] == 0, up
     assert up["aqm_drops"] <= marking["ping"]["sent"] - marking["ping"]["received"], up  # pings carry no mark
     assert _retransmits(marking) <= 2, _retransmits(marking)
+    # the bulk flow negotiated ECN only where the profile asks for it, and was fed back marks (the count against
+    # the kernel's own: tests/test_aqm.py)
+    (flow,) = marking["flows"]
+    assert flow["ecn"] == "ecn" and flow["delivered_ce_packets"] > 0 and 0 < flow["ce_fraction"] < 1, flow
+    assert [f["ecn"] for f in dropping["flows"]] == ["off"] and dropping["flows"][0]["ce_fraction"] == 0
 
 
 def _retransmits(run: dict) -> int:
