@@ -10,7 +10,7 @@ where sch_netem exists):
 A rate is "held" when the TCP ratio and UDP ratio are >= 95% (UDP: when the sender could offer it, see
 the note) and the RTT is within 5%. A plain path without impairments gives the host's own ceiling.
 
-With --aqm fifo,codel,fq_codel each rate is measured under each AQM (emulation/aqm.py; an AQM's link runs its
+With --aqm fifo,codel,fq_codel,pie,dualpi2 each rate is measured under each AQM (emulation/aqm.py; an AQM's link runs its
 rate and queue in the delay line, fifo's in the kernel's tbf), --repeats times, and what each AQM costs is
 its TCP goodput over fifo's at the same rate and repeat: the mean ratio and its range over the repeats.
 
@@ -60,12 +60,15 @@ def measure(backend: str, rate_mbit: float | None, delay_ms: float, seconds: flo
         tb.set_algorithm("cubic")
         rtts = tb.ping_rtts(count=10)
         rtt = statistics.median(rtts)
+        # TCP before UDP: the UDP stream overloads the link on purpose, which leaves a PI controller's
+        # probability near 1 for seconds after (PIE decays it by 1/64 per update, DualPI2 by alpha x target):
+        # measured after the UDP stream, cubic got 44 of 94 Mbit/s under PIE at 100 Mbit/s
+        tcp, retrans = tcp_goodput(tb, seconds)
         try:
             udp = tb.udp_rate(rate_mbit * 1e6 * 1.25, seconds=2) if rate_mbit else None
         except CcscopeError as exc:  # one iperf3 sender could not fill the link (the note below)
             print(f"bench: UDP at {rate_mbit:g} Mbit/s under {aqm}: {exc.line()}", file=sys.stderr)
             udp = None
-        tcp, retrans = tcp_goodput(tb, seconds)
         stats = tb.link_stats()
         row = {
             "backend": tb.backend, "aqm": aqm, "rate_mbit": rate_mbit, "rtt_expected_ms": profile.base_rtt_s * 1e3,
