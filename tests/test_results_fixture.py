@@ -191,3 +191,23 @@ def test_state_of_a_flow_is_written_read_and_drawn(copy: Path) -> None:
     page = report.render(copy, loaded).read_text()
     assert sorted(p.name for p in (copy / "plots").iterdir()) == sorted([*PLOTS, "state.png"])
     assert "<img src='plots/state.png'" in page
+
+
+def test_queueing_plot_shows_each_aqm_queue_beside_the_ping(copy: Path) -> None:
+    """No queue measured (the fixture's links are the kernel's tbf): no plot. With the delay line's sojourn on
+    one profile and dualpi2's two queues on the other, one row per queue and one per profile's ping."""
+    doc = results.load(copy)
+    assert plots.plot_queueing(copy, doc) is None
+    first = next(iter(doc["profiles"]))
+    for run in doc["runs"]:
+        up = run["link"].setdefault("up", {})
+        if run["profile"] == first:
+            up["sojourn"] = {"count": 100, "median_ms": 3.2, "p95_ms": 6.3, "p99_ms": 9.0}
+        else:
+            up["sojourn_l"] = {"count": 50, "median_ms": 0.33, "p95_ms": 0.94, "p99_ms": 1.12}
+            up["sojourn_c"] = {"count": 50, "median_ms": 12.6, "p95_ms": 21.2, "p99_ms": 30.0}
+    assert plots.plot_queueing(copy, doc) == "plots/queueing.png"
+    assert (copy / "plots" / "queueing.png").stat().st_size > 10_000
+    drawn: dict[str, bytes] = {}
+    assert "plots/queueing.png" in plots.draw_all(drawn, doc, series.load_series(copy, doc))
+    assert drawn["queueing.png"] == (copy / "plots" / "queueing.png").read_bytes()

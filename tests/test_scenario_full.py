@@ -170,6 +170,9 @@ def test_builtin_at_full_duration(ccscope_cmd, tmp_path, host, name):
     CLAIMS[name](doc)
     drawn = [f for run in doc["runs"] for f in run["flows"] if f["algorithm"] in ("cubic", "bbr")]
     assert not drawn or (out / "plots" / "state.png").stat().st_size > 0
+    # the queueing plot where an AQM's queue was measured (bufferbloat's cures), and only there
+    measured = any("sojourn" in (run["link"].get("up") or {}) for run in doc["runs"])
+    assert (out / "plots" / "queueing.png").exists() == measured == (name == "bufferbloat")
 
 
 # --- each built-in's own claim, on the full-length run the test pays for anyway ---------------------------------

@@ -1,14 +1,17 @@
 """The report's PNG plots (matplotlib, Agg): time series of the first repetition of each profile x algorithm
-set, the throughput/delay trade-off, shares and harm beside their models, losses and download times. Each
+set, the throughput/delay trade-off, shares and harm beside their models, losses, download times and where
+the queueing delay is (an AQM's own queue beside the ping). Each
 plot goes to a Sink: drawn into a dict first, so that a failing plot leaves no file written."""
 
 from __future__ import annotations
 
 import io
 import math
+import statistics
 from pathlib import Path
 
 import matplotlib
+import matplotlib.ticker
 
 from ccscope.ccstate.bbr import MODES
 
@@ -223,6 +226,51 @@ def plot_loss(directory: Sink, doc: dict) -> str | None:
     return _save(fig, directory, "loss.png")
 
 
+# The delay line's histograms of one direction (results' link.up): every packet's, or dualpi2's two queues.
+SOJOURN_QUEUES = (("sojourn", " queue"), ("sojourn_l", " L queue"), ("sojourn_c", " C queue"))
+
+
+def plot_queueing(directory: Sink, doc: dict) -> str | None:
+    """Where the delay is, profile by profile: the ping's RTT above the path's base RTT (what an interactive
+    user waits), and where the delay line owns the bottleneck (an AQM), the time packets waited in its queue,
+    median to p99 (dualpi2's L and C queues apart); medians over the runs. None without any queue measured."""
+    rows: list[tuple[str, float | None, tuple[float, float, float] | None]] = []
+    for profile in _profiles(doc):
+        runs = [r for r in doc["runs"] if r["profile"] == profile]
+        ups = [(r.get("link") or {}).get("up") or {} for r in runs]
+        queues = [(key, label) for key, label in SOJOURN_QUEUES if any(key in up for up in ups)]
+        for key, label in [q for q in queues if q[0] != "sojourn"] or queues:  # dualpi2's queues, not their sum
+            found = [up[key] for up in ups if key in up]
+            rows.append((profile + label, None, tuple(statistics.median([q[f"{p}_ms"] for q in found])
+                                                        for p in ("median", "p95", "p99"))))
+        base_ms = (doc["profiles"][profile].get("base_rtt_s") or 0) * 1e3
+        pings = [r["ping"]["rtt_ms"]["median"] for r in runs if r.get("ping") and r["ping"]["rtt_ms"].get("median")]
+        if pings:
+            rows.append((f"{profile} ping", max(0.0, statistics.median(pings) - base_ms), None))
+    if not any(q for _, _, q in rows):
+        return None
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(rows) + 1.8))
+    for y, (_, ping, queue) in enumerate(rows):
+        if queue is not None:
+            ax.plot([queue[0], queue[2]], [y, y], color="#1f77b4", linewidth=2)
+            ax.scatter(queue, [y] * 3, color="#1f77b4", marker="|", s=120, zorder=3)
+            ax.text(queue[2], y, f"  {queue[0]:.1f} / {queue[1]:.1f} / {queue[2]:.1f}", va="center", fontsize=7)
+        if ping is not None:
+            ax.scatter([ping], [y], color="#d62728", marker="o", s=30, zorder=3)
+            ax.text(ping, y, f"  {ping:.1f}", va="center", fontsize=7)
+    ax.set_yticks(range(len(rows)), [label for label, _, _ in rows], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xscale("symlog", linthresh=1.0)
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))  # no TeX (parse_math off)
+    largest = max(max(q[2] if q else 0, ping or 0) for _, ping, q in rows)
+    ax.set_xlim(0, largest * 4 + 1)  # room for the numbers on the right
+    ax.set_xlabel("ms: queue sojourn at the bottleneck, median / p95 / p99 (blue); ping RTT above the base (red)")
+    ax.set_title(f"{doc['scenario']['name']}: queueing delay", fontsize=10)
+    ax.grid(axis="x", alpha=0.3, which="both")
+    fig.tight_layout()
+    return _save(fig, directory, "queueing.png")
+
+
 def _buffer_bdp(doc: dict, profile: str) -> float | None:
     p = doc["profiles"][profile]
     queue, bdp = p.get("queue_bytes"), p.get("bdp_bytes")
@@ -385,4 +433,4 @@ def draw_all(sink: Sink, doc: dict, series: Series) -> list[str]:
         plot_timeseries(sink, doc, series, "srtt_ms", "RTT (ms): srtt lines, ping dots", "rtt.png", "RTT",
                         with_ping=True),
         plot_state(sink, doc, series), plot_tradeoff(sink, doc), plot_shares(sink, doc), plot_harm(sink, doc),
-        plot_loss(sink, doc), plot_downloads(sink, doc)) if p]
+        plot_loss(sink, doc), plot_downloads(sink, doc), plot_queueing(sink, doc)) if p]
