@@ -264,7 +264,8 @@ def plot_queueing(directory: Sink, doc: dict) -> str | None:
     ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))  # no TeX (parse_math off)
     largest = max(max(q[2] if q else 0, ping or 0) for _, ping, q in rows)
     ax.set_xlim(0, largest * 4 + 1)  # room for the numbers on the right
-    ax.set_xlabel("ms: queue sojourn at the bottleneck, median / p95 / p99 (blue); ping RTT above the base (red)")
+    ax.set_xlabel("ms. Blue: the queue's sojourn, median / p95 / p99. Red: ping RTT above the base RTT.",
+                  fontsize=8)
     ax.set_title(f"{doc['scenario']['name']}: queueing delay", fontsize=10)
     ax.grid(axis="x", alpha=0.3, which="both")
     fig.tight_layout()
