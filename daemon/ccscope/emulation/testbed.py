@@ -354,10 +354,11 @@ class Testbed:
                 s = dl.stats()
                 rec["random_drops"] += s.get("random_drops", 0)
                 rec["queue_drops"] += s.get("queue_drops", 0)  # its bottleneck's limit (a trace's, an AQM's)
-                if getattr(self.profile, direction).in_delayline:
+                link = getattr(self.profile, direction)
+                if link.in_delayline:  # a trace's bottleneck or an AQM's
                     rec["aqm_drops"] = s.get("aqm_drops", 0)
                     rec["aqm_marks"] = s.get("aqm_marks", 0)
-                    if getattr(self.profile, direction).aqm.name == "dualpi2":
+                    if link.aqm is not None and link.aqm.name == "dualpi2":
                         rec["aqm_step_marks"] = s.get("aqm_step_marks", 0)
                     rec.update({k: v for k, v in s.items() if k.startswith(sojourn.PREFIXES)})
                 rec["delay_overflows"] = s.get("kernel_queue_dropped", 0) + s.get("kernel_user_dropped", 0)
