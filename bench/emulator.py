@@ -10,8 +10,8 @@ where sch_netem exists):
 A rate is "held" when the TCP ratio and UDP ratio are >= 95% (UDP: when the sender could offer it, see
 the note) and the RTT is within 5%. A plain path without impairments gives the host's own ceiling.
 
-With --aqm fifo,codel,fq_codel,pie,dualpi2 each rate is measured under each AQM (emulation/aqm.py; an AQM's link runs its
-rate and queue in the delay line, fifo's in the kernel's tbf), --repeats times, and what each AQM costs is
+With --aqm fifo,codel,fq_codel,pie,dualpi2 each rate is measured under each AQM (emulation/aqm.py; an AQM's
+link runs its rate and queue in the delay line, fifo's in the kernel's tbf), --repeats times, and what each AQM costs is
 its TCP goodput over fifo's at the same rate and repeat: the mean ratio and its range over the repeats.
 
 Usage: sudo .venv/bin/python bench/emulator.py [--rates 10,100,1000] [--seconds 4] [--aqm fifo,codel]
