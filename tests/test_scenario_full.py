@@ -241,7 +241,7 @@ def _claim_aqm_cures(doc: dict, runs: dict, ping: dict, took: dict, bulk: dict) 
     downloads 0.21 s against 0.73, bulk 8.87 and 8.95 Mbit/s against 9.20 (a short queue leaves the link idle
     now and then). fq_codel drops (the endpoints ask for no ECN): its 63 drops were the bulk flow's 54 and
     the downloads' 9 retransmitted segments; CoDel marking (ECN at both ends): 62 marks, 1 drop (a ping,
-    which carries no mark), no retransmit."""
+    which carries no mark), no retransmit; once 0 pings lost and 1 drop."""
     base_ms = doc["profiles"]["large-queue-fq-codel"]["base_rtt_s"] * 1e3
     assert doc["profiles"]["large-queue-fq-codel"]["aqm"]["up"] == {
         "name": "fq_codel", "target_s": 0.005, "interval_s": 0.1, "ecn": True, "implementation": "ccscope"}
@@ -259,7 +259,9 @@ def _claim_aqm_cures(doc: dict, runs: dict, ping: dict, took: dict, bulk: dict) 
     assert abs(_retransmits(dropping) - drops) <= 3 and drops > 0, (_retransmits(dropping), drops)
     up = marking["link"]["up"]
     assert up["aqm_marks"] > 0 and up["queue_drops"] == 0, up
-    assert up["aqm_drops"] <= marking["ping"]["sent"] - marking["ping"]["received"], up  # pings carry no mark
+    # CoDel drops only what carries no ECT: the pings, and now and then a SYN, a bare FIN or a pure ACK (Linux
+    # sends those, and retransmits, as Not-ECT: RFC 3168 6.1.4-6.1.5). CI once saw 1 such drop beside 0 lost pings.
+    assert up["aqm_drops"] <= marking["ping"]["sent"] - marking["ping"]["received"] + 2, up
     assert _retransmits(marking) <= 2, _retransmits(marking)
     # the bulk flow negotiated ECN only where the profile asks for it, and was fed back marks (the count against
     # the kernel's own: tests/test_aqm.py)
