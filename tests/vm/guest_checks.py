@@ -494,31 +494,6 @@ def check_pathcheck(probe: Probe) -> dict:
     return {"backend": tb.backend, "base_rtt_s": profile.base_rtt_s, **right, "wrong_rate": wrong}
 
 
-def check_scenario(probe: Probe) -> dict:
-    """`ccscope scenario run` of tests/vm/lab-scenario.yaml, as a user would run it, in a scratch dir."""
-    if probe.probe is None:
-        return {"skipped": "the BPF probe does not load on this kernel", "probe_error": probe.error}
-    probe.close()  # the scenario loads its own
-    probe.probe = None
-    here = os.path.dirname(os.path.abspath(__file__))
-    out = tempfile.mkdtemp(prefix="lab-scenario-")
-    result = subprocess.run([sys.executable, "-m", "ccscope.cli", "scenario", "run",
-                             os.path.join(here, "lab-scenario.yaml"), "--out", f"{out}/r", "--listen", "off"],
-                            capture_output=True, text=True, timeout=300, check=False)
-    found: dict = {"status": result.returncode, "stderr": result.stderr[-3000:]}
-    try:
-        with open(f"{out}/r/results.json") as handle:
-            doc = json.load(handle)
-    except OSError as err:
-        found["results"] = f"none: {err}"
-        return found
-    found["runs"] = [{"label": r["label"], "backend": r["backend"], "algorithms": r["algorithms"],
-                      "errors": r["errors"]} for r in doc["runs"]]
-    found["skipped_algorithms"] = doc.get("skipped_algorithms", doc.get("skipped"))
-    found["errors"] = doc.get("errors")
-    return found
-
-
 CHECKS: dict[str, Callable[[Probe], dict]] = {
     "kernel": check_kernel,
     "core": check_core,
@@ -529,7 +504,6 @@ CHECKS: dict[str, Callable[[Probe], dict]] = {
     "netem": check_netem,
     "engine": check_engine,
     "pathcheck": check_pathcheck,
-    "scenario": check_scenario,  # last: it takes over the probe
 }
 
 

@@ -2,7 +2,7 @@
 qemu (tools/kernel-lab): one boot runs tests/vm/cc-fidelity.yaml with `ccscope scenario run`, as a user
 would, native and BPF interleaved in a seeded random order on the same netem paths (clean, and 1% loss).
 The tests compare means over the repetitions against their spread (TCG's timing and the loss draw are
-noisy) and check each algorithm's signature. About 8 minutes (one boot; the scenario takes most of it)."""
+noisy) and check each algorithm's signature. About 5 minutes (one boot; the scenario takes most of it)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def fidelity(kernel_lab: Path, bpf_object: Path, tmp_path_factory: pytest.TempPa
     out = share / "r"
     ran = lab("run", "--share", str(share), "--timeout", "840", "--cwd", str(ROOT), "--",
               str(PYTHON), "-m", "ccscope.cli", "scenario", "run", str(SCENARIO), "--out", str(out),
-              "--listen", "off", timeout=900)
+              "--listen", "off", "--no-report", timeout=900)
     if ran.returncode != 0 or not (out / "results.json").exists():
         pytest.fail(f"the fidelity scenario did not complete in the lab (status {ran.returncode}): "
                     f"{ran.stderr.strip()[-2000:]}")
@@ -38,13 +38,17 @@ def _flows(doc: dict, profile: str, algorithm: str) -> list[dict]:
 
 
 def test_native_and_bpf_both_ran_as_recorded(fidelity) -> None:
-    _, doc = fidelity
+    """Also what a user's first scenario on a stock kernel needs: netem picked, the native modules and the BPF
+    programs each run as planned and recorded (the guest checks' own quick scenario was the same, and 82 s)."""
+    out, doc = fidelity
     impl = doc["implementations"]
     assert doc["environment"]["kernel"].startswith("6.1.")
     for native, bpf in PAIRS:
         assert impl[native]["implementation"] == "kernel"
         assert impl[bpf]["implementation"] == "bpf" and len(impl[bpf]["sha256"]) == 64
     assert {r["backend"] for r in doc["runs"]} == {"netem"}
+    # --no-report: rendering took 52 s of 5.8 minutes under TCG; the tests read results.json and the CSVs
+    assert not (out / "report.html").exists() and not (out / "plots").exists()
     for run in doc["runs"]:
         assert not run["errors"], run["errors"]
         assert all(f["algorithm_ok"] and f["algorithm_kernel"] == run["algorithms"] for f in run["flows"])

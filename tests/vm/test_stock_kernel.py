@@ -197,12 +197,3 @@ def test_path_check_trusts_netem_at_1mbit_400ms(guest: dict) -> None:
     assert wrong["rtt_ok"] and not wrong["rate_ok"], wrong["message"]
     assert wrong["rate_measured_bps"] == pytest.approx(0.8 * wrong["rate_expected_bps"], rel=RATE_TOLERANCE)
     assert "(expected 1.25) OFF" in wrong["message"], wrong["message"]
-
-
-def test_quick_scenario_runs_vegas_and_westwood_on_netem(guest: dict) -> None:
-    need_probe(guest)  # the scenario records telemetry, so it needs the probe
-    scenario = check(guest, "scenario")
-    assert scenario["status"] == 0, scenario["stderr"]
-    assert {run["algorithms"] for run in scenario["runs"]} == {"cubic", "vegas", "westwood"}
-    assert {run["backend"] for run in scenario["runs"]} == {"netem"}
-    assert all(not run["errors"] for run in scenario["runs"])

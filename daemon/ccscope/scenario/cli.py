@@ -38,6 +38,9 @@ def register(sub) -> None:
     sc.add_argument("--backend", choices=("auto", "netem", "userspace"), default="auto",
                     help="link emulation backend (default auto: netem when the kernel has it)")
     sc.add_argument("--no-verify", action="store_true", help="skip the RTT/rate check of each emulated path")
+    sc.add_argument("--no-report", action="store_true",
+                    help="write results.json and the CSVs only; `ccscope report DIR` renders report.html later "
+                         "(for shards, slow machines and scripts)")
     sc.add_argument("--resume", metavar="DIR",
                     help="finish an interrupted scenario: run only the runs missing from DIR, same seed and order "
                          "(give the same scenario and flags as the first time)")
@@ -135,15 +138,15 @@ def _run(scenario, args: argparse.Namespace, part=None) -> int:
                              listen_explicit=args.listen is not None, skip_unavailable=args.skip_unavailable,
                              backend=args.backend, quick=args.quick, verify=not args.no_verify, resume=resume,
                              cleanup_stale=args.cleanup_stale, shard=part)
-    out, doc = runner.run(scenario, options, finish=_render)
+    out, doc = runner.run(scenario, options, finish=None if args.no_report else _render)
     from . import report
-    html = out / "report.html"
     print(report.summary_table(doc))
     for warning in doc["warnings"]:
         print(f"ccscope: warning: {warning}", file=sys.stderr)
     for error in doc["errors"]:
         print(f"ccscope: error in results: {error}", file=sys.stderr)
-    print(f"\nresults: {out}/results.json\nreport:  {html}")
+    shown = f"`ccscope report {out}` renders it" if args.no_report else out / "report.html"
+    print(f"\nresults: {out}/results.json\nreport:  {shown}")
     return 1 if doc["errors"] else 0
 
 
