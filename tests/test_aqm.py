@@ -32,9 +32,9 @@ from emulation_helpers import iperf3
     ({"name": "fq_codel", "ecn": False}, aqm.Aqm("fq_codel", 0.005, 0.100)),
     ("pie", aqm.Aqm("pie", 0.015, tupdate_s=0.015)),  # drops by default, as the kernel's
     ({"name": "pie", "target": "5ms", "ecn": True}, aqm.Aqm("pie", 0.005, ecn=True, tupdate_s=0.015)),
-    ("dualpi2", aqm.Aqm("dualpi2", 0.015, ecn=True, tupdate_s=0.016, step_s=0.001, coupling=2.0)),
-    ({"name": "dualpi2", "step": "2ms", "coupling": 1.5},
-     aqm.Aqm("dualpi2", 0.015, ecn=True, tupdate_s=0.016, step_s=0.002, coupling=1.5)),
+    ("dualpi2", aqm.Aqm("dualpi2", 0.015, ecn=True, tupdate_s=0.016, step_s=0.001, coupling=2.0, ecn_mask="l4s_ect")),
+    ({"name": "dualpi2", "step": "2ms", "coupling": 1.5, "ecn_mask": "any_ect"},
+     aqm.Aqm("dualpi2", 0.015, ecn=True, tupdate_s=0.016, step_s=0.002, coupling=1.5, ecn_mask="any_ect")),
 ])
 def test_an_aqm_is_named_with_its_parameters(raw, expected) -> None:
     link = LinkProfile.from_dict({"rate": "10mbit", "queue": "100p", "aqm": raw}, "profiles.x.up")
@@ -52,7 +52,9 @@ def test_an_aqm_is_named_with_its_parameters(raw, expected) -> None:
      "kernels have it), which ccscope does not put under its shaper yet; ccscope's delay line runs fifo, codel, "
      "fq_codel, pie, dualpi2"),
     ({"rate": "10mbit", "aqm": {"name": "dualpi2", "ecn": False}},
-     "profiles.x.up.aqm.ecn: unknown key for dualpi2 (known: name, target, tupdate, step, coupling)"),
+     "profiles.x.up.aqm.ecn: unknown key for dualpi2 (known: name, target, tupdate, step, coupling, ecn_mask)"),
+    ({"rate": "10mbit", "aqm": {"name": "dualpi2", "ecn_mask": "ect1"}},
+     "profiles.x.up.aqm.ecn_mask: 'ect1' is not a DualPI2 classifier (known: l4s_ect, cla_ect, any_ect)"),
     ({"rate": "10mbit", "aqm": {"name": "dualpi2", "coupling": 0.5}},
      "profiles.x.up.aqm.coupling: expected a number from 1 to 16 (RFC 9332: 2), got 0.5"),
     ({"rate": "10mbit", "aqm": {"name": "pie", "interval": "100ms"}},

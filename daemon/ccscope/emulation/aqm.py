@@ -13,7 +13,8 @@ with its own CoDel, served by deficit round robin (a quantum of 1514 bytes), new
 on by default, as the kernel's. PIE (RFC 8033) and DualPI2 (RFC 9332) decide as sch_pie.c and
 sch_dualpi2.c (pi.c): PIE drops (or, with `ecn`, marks while its probability is at most 10 %) at enqueue
 with a probability its PI controller updates every `tupdate` from the queue delay; DualPI2 puts ECT(1) and CE
-packets in an L queue marked at `coupling` x p and, past `step` of sojourn, always, and the rest in a C queue
+packets (`ecn_mask: l4s_ect`; `any_ect` adds ECT(0), as the kernel's option does) in an L queue marked at
+`coupling` x p and, past `step` of sojourn, always, and the rest in a C queue
 dropped or marked at p^2, the L queue served first but for 10 % of the link kept for C. The other AQMs the
 field uses are named here so that a scenario that asks for one gets one clear line, not "unknown key".
 """
@@ -35,8 +36,12 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "codel": {"target": 0.005, "interval": 0.100, "ecn": False},
     "fq_codel": {"target": 0.005, "interval": 0.100, "ecn": True},
     "pie": {"target": 0.015, "tupdate": 0.015, "ecn": False},
-    "dualpi2": {"target": 0.015, "tupdate": 0.016, "step": 0.001, "coupling": 2.0},
+    "dualpi2": {"target": 0.015, "tupdate": 0.016, "step": 0.001, "coupling": 2.0, "ecn_mask": "l4s_ect"},
 }
+# DualPI2's classifier (sch_dualpi2.c's TCA_DUALPI2_ECN_MASK): the L queue takes packets whose ECN field
+# shares a bit with the mask. any_ect lets a scalable sender that can only send ECT(0) (bpf prague on
+# kernels before ECT(1) for TCP) reach the L queue; it also takes classic ECN flows there, so it is for labs.
+ECN_MASKS = {"l4s_ect": 1, "cla_ect": 2, "any_ect": 3}
 # The hard limit without `queue`, as the kernel's: sch_codel and sch_pie 1000 packets, sch_fq_codel 10240,
 # sch_dualpi2 10000 (both queues).
 DEFAULT_LIMIT_PACKETS = {"codel": 1000, "fq_codel": 10240, "pie": 1000, "dualpi2": 10000}
@@ -53,6 +58,7 @@ class Aqm:
     tupdate_s: float | None = None  # PIE, DualPI2: how often the PI controller updates its probability
     step_s: float | None = None  # DualPI2: the L queue's sojourn past which every packet is marked
     coupling: float | None = None  # DualPI2: k, the L queue's marking k p against the C queue's p^2
+    ecn_mask: str | None = None  # DualPI2: which ECN codepoints go to the L queue (ECN_MASKS)
 
     @classmethod
     def parse(cls, raw: Any, where: str) -> Aqm | None:
@@ -76,7 +82,7 @@ class Aqm:
             raise UsageError(f"{where}.target: {format_seconds(values['target'])} is not below the interval "
                              f"{format_seconds(values['interval'])} (RFC 8289: 5 % to 10 % of it)")
         return cls(name, values["target"], values.get("interval"), values.get("ecn", name == "dualpi2"),
-                   values.get("tupdate"), values.get("step"), values.get("coupling"))
+                   values.get("tupdate"), values.get("step"), values.get("coupling"), values.get("ecn_mask"))
 
     @property
     def manages(self) -> bool:
@@ -94,12 +100,16 @@ class Aqm:
             args += [f"--{key}-us", str(round(value * 1e6))]
         if self.coupling is not None:
             args += ["--coupling", repr(self.coupling)]
+        if self.ecn_mask is not None:
+            args += ["--ecn-mask", str(ECN_MASKS[self.ecn_mask])]
         return [*args, "--ecn"] if self.ecn and self.name != "dualpi2" else args
 
     def describe(self) -> str:
         words = [self.name, *(f"{key} {format_seconds(value)}" for key, value in self._durations().items())]
         if self.coupling is not None:
             words.append(f"coupling {self.coupling:g}")
+        if self.ecn_mask not in (None, "l4s_ect"):
+            words.append(self.ecn_mask)
         if self.ecn and self.name != "dualpi2":
             words.append("ecn")
         return " ".join(words)
@@ -108,7 +118,8 @@ class Aqm:
         """results.json's record of it: the name, its parameters, and which implementation ran it
         ("kernel": a qdisc; "ccscope": the delay line)."""
         extra = {key: value for key, value in (("tupdate_s", self.tupdate_s), ("step_s", self.step_s),
-                                               ("coupling", self.coupling)) if value is not None}
+                                               ("coupling", self.coupling), ("ecn_mask", self.ecn_mask))
+                 if value is not None}
         return {"name": self.name, "target_s": self.target_s, "interval_s": self.interval_s, "ecn": self.ecn,
                 **extra, "implementation": implementation}
 
@@ -131,10 +142,14 @@ def endpoint_ecn(raw: Any, where: str) -> str | None:
     return raw
 
 
-def _parameter(key: str, raw: Any, where: str) -> float | bool:
+def _parameter(key: str, raw: Any, where: str) -> float | bool | str:
     if key == "ecn":
         if not isinstance(raw, bool):
             raise UsageError(f"{where}: expected true or false, got {raw!r}")
+        return raw
+    if key == "ecn_mask":
+        if raw not in ECN_MASKS:
+            raise UsageError(f"{where}: {raw!r} is not a DualPI2 classifier (known: {', '.join(ECN_MASKS)})")
         return raw
     if key == "coupling":
         if isinstance(raw, bool) or not isinstance(raw, int | float) or not 1 <= raw <= 16:

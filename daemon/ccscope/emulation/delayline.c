@@ -22,7 +22,7 @@
 //
 // Usage: ccscope-delayline --queue N [--delay-us D] [--jitter-us J] [--loss P] [--seed S]
 //          [--trace FILE | --rate-bps R [--aqm fifo|codel|fq_codel|pie|dualpi2 [--target-us T]
-//          [--interval-us I] [--tupdate-us U] [--step-us S] [--coupling K] [--ecn]]]
+//          [--interval-us I] [--tupdate-us U] [--step-us S] [--coupling K] [--ecn-mask M] [--ecn]]]
 //          [--queue-packets N | --queue-bytes N] [--maxlen N] [--stats FILE] [--realtime]
 // Prints "ready" on stdout once bound to the queue. SIGUSR1 writes counters to the stats file
 // (key value lines, `seq` increments per write); SIGTERM/SIGINT write them and exit.
@@ -149,7 +149,9 @@ static struct {
 	int64_t target, interval;
 	int64_t tupdate, step; // PIE and DualPI2: how often the probability is updated; DualPI2's L step
 	double coupling;
-} aqm = {.target = 5000000, .interval = 100000000, .tupdate = 16000000, .step = 1000000, .coupling = 2};
+	unsigned ecn_mask; // DualPI2: which ECN codepoints go to the L queue (pi.c's dualpi2_is_l)
+} aqm = {.target = 5000000, .interval = 100000000, .tupdate = 16000000, .step = 1000000, .coupling = 2,
+	 .ecn_mask = 1};
 
 // PIE and DualPI2 (pi.h): their state, DualPI2's L queue (bq is its C queue), and the next update.
 static struct pie pie;
@@ -488,7 +490,7 @@ static void enter_bottleneck(struct nfq_q_handle *qh, struct pkt p)
 	}
 	if (aqm.kind == AQM_PIE && !carry_out(qh, &p, pie_enqueue(&pie, backlog_bytes(), p.ecn, rng_unit()), 0))
 		return;
-	ring_push(aqm.kind == AQM_DUALPI2 && dualpi2_is_l(p.ecn) ? &lq : &bq, p);
+	ring_push(aqm.kind == AQM_DUALPI2 && dualpi2_is_l(p.ecn, aqm.ecn_mask) ? &lq : &bq, p);
 }
 
 // The head of queue q (the bottleneck's, or one flow's under fq_codel, whose totals it keeps).
@@ -916,7 +918,7 @@ static void usage(void)
 {
 	fprintf(stderr, "usage: ccscope-delayline --queue N [--delay-us D] [--jitter-us J] [--loss P] "
 			"[--seed S] [--trace FILE | --rate-bps R [--aqm fifo|codel|fq_codel|pie|dualpi2 [--target-us T] "
-			"[--interval-us I] [--tupdate-us U] [--step-us S] [--coupling K] [--ecn]]] "
+			"[--interval-us I] [--tupdate-us U] [--step-us S] [--coupling K] [--ecn-mask M] [--ecn]]] "
 			"[--queue-packets N|--queue-bytes N] [--maxlen N] [--stats FILE] [--realtime]\n");
 	exit(2);
 }
@@ -933,7 +935,8 @@ int main(int argc, char **argv)
 		{"aqm", required_argument, 0, 'A'},	 {"target-us", required_argument, 0, 'T'},
 		{"interval-us", required_argument, 0, 'I'}, {"ecn", no_argument, 0, 'E'},
 		{"tupdate-us", required_argument, 0, 'U'}, {"step-us", required_argument, 0, 'S'},
-		{"coupling", required_argument, 0, 'K'},	 {0, 0, 0, 0},
+		{"coupling", required_argument, 0, 'K'},	 {"ecn-mask", required_argument, 0, 'M'},
+		{0, 0, 0, 0},
 	};
 	long long maxlen = 1 << 17;
 	int have_queue = 0, realtime = 0, c;
@@ -970,12 +973,14 @@ int main(int argc, char **argv)
 		case 'U': aqm.tupdate = strtoll(optarg, NULL, 10) * 1000LL; break;
 		case 'S': aqm.step = strtoll(optarg, NULL, 10) * 1000LL; break;
 		case 'K': aqm.coupling = strtod(optarg, NULL); break;
+		case 'M': aqm.ecn_mask = (unsigned)strtoul(optarg, NULL, 10); break;
 		default: usage();
 		}
 	}
 	if (!have_queue || delay_ns < 0 || jitter_ns < 0 || loss < 0 || loss > 1 || maxlen <= 0 || rate_bps < 0 ||
 	    (rate_bps > 0 && trace) || (aqm.kind != AQM_FIFO && rate_bps <= 0) || (aqm.ecn && aqm.kind == AQM_FIFO) || aqm.target <= 0 ||
-	    aqm.interval <= 0 || aqm.tupdate <= 0 || aqm.step < 0 || !(aqm.coupling >= 1))
+	    aqm.interval <= 0 || aqm.tupdate <= 0 || aqm.step < 0 || !(aqm.coupling >= 1) ||
+	    aqm.ecn_mask < 1 || aqm.ecn_mask > 3)
 		usage();
 	if (aqm.kind == AQM_DUALPI2)
 		aqm.ecn = 1; // marking is its point: L4S packets are ECN-capable by definition

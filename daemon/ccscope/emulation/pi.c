@@ -112,10 +112,12 @@ void dualpi2_init(struct dualpi2 *s, int64_t target, int64_t tupdate, int64_t st
 			      .credit = DUALPI2_INIT_CREDIT};
 }
 
-// ECT(1) and CE go to the L queue (the kernel's default ecn_mask): CE may be an L4S packet marked upstream.
-int dualpi2_is_l(enum ecn_field ecn)
+// The L queue takes the packets whose ECN field shares a bit with `ecn_mask`, as sch_dualpi2.c classifies:
+// 1 (l4s_ect, the default) ECT(1) and CE (CE may be an L4S packet marked upstream); 2 (cla_ect) ECT(0) and
+// CE; 3 (any_ect) every ECN-capable packet, for scalable senders that can only send ECT(0).
+int dualpi2_is_l(enum ecn_field ecn, unsigned ecn_mask)
 {
-	return ecn == ECN_ECT1 || ecn == ECN_CE;
+	return (ecn & ecn_mask) != 0;
 }
 
 // The PI step on the larger of the two heads' sojourns (the kernel's; RFC 9332's reference uses the C

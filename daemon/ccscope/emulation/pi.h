@@ -38,7 +38,7 @@ struct dualpi2 {
 };
 
 void dualpi2_init(struct dualpi2 *s, int64_t target, int64_t tupdate, int64_t step, double k);
-int dualpi2_is_l(enum ecn_field ecn);
+int dualpi2_is_l(enum ecn_field ecn, unsigned ecn_mask);
 void dualpi2_update(struct dualpi2 *s, int64_t c_sojourn, int64_t l_sojourn);
 int dualpi2_serve_l(const struct dualpi2 *s, uint64_t l_packets, uint64_t c_packets);
 void dualpi2_served(struct dualpi2 *s, int from_l, int other_waiting, uint32_t frame_bytes);

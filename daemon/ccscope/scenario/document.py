@@ -206,6 +206,7 @@ class AqmEntry(TypedDict):
     tupdate_s: NotRequired[float]  # pie, dualpi2
     step_s: NotRequired[float]  # dualpi2
     coupling: NotRequired[float]  # dualpi2
+    ecn_mask: NotRequired[Literal["l4s_ect", "cla_ect", "any_ect"]]  # dualpi2: what its L queue takes
     implementation: Literal["kernel", "ccscope"]
 
 
