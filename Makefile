@@ -11,7 +11,7 @@ BPF_CFLAGS := -g -O2 -target bpf -D__TARGET_ARCH_$(ARCH) -Wall -Werror \
 ASSETS := daemon/ccscope/live/static/vendor/uPlot.iife.min.js
 
 # ccscope's BPF congestion controls (struct_ops), one object per algorithm.
-CC_NAMES := reno vegas westwood copa
+CC_NAMES := reno vegas westwood copa prague
 CC_OBJS := $(patsubst %,daemon/ccscope/bpf/cc/%.bpf.o,$(CC_NAMES))
 # Copa runs twice per ACK, and there its cost is mostly its cold JIT code (bench/cc.py): 32-bit ALU and
 # jumps (BPF ISA v3, Linux >= 5.1) spare the zero-extensions and make that code about a fifth shorter.

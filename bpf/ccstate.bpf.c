@@ -86,6 +86,8 @@ static __always_inline __u32 change_key(struct tcp_sock *tp, __u32 kind)
 		return ((struct bictcp *)priv)->last_max_cwnd << 2 | !((struct bictcp *)priv)->epoch_start << 1 | idle;
 	if (kind == CCSTATE_COPA)
 		return ((struct copa *)priv)->slow_start << 3 | ((struct copa *)priv)->direction << 1 | idle;
+	if (kind == CCSTATE_PRAGUE)	/* each CE response and each loss episode */
+		return ((struct prague *)priv)->reductions << 2 | ((struct prague *)priv)->in_loss << 1 | idle;
 	return idle;
 }
 
@@ -95,7 +97,7 @@ static __always_inline __u32 tagged_kind(struct tcp_sock *tp)
 	struct ccscope_ca_tag *tag = (void *)((char *)tp->inet_conn.icsk_ca_priv + CCSCOPE_CA_TAG_OFFSET);
 	__u32 kind = tag->kind;
 
-	if (tag->magic != CCSCOPE_CA_MAGIC || kind < CCSTATE_VEGAS || kind > CCSTATE_COPA)
+	if (tag->magic != CCSCOPE_CA_MAGIC || kind < CCSTATE_VEGAS || kind > CCSTATE_PRAGUE)
 		return CCSTATE_NONE;
 	return kind;
 }
@@ -215,6 +217,20 @@ static __always_inline void copy_copa(struct copa_state *out, struct tcp_sock *t
 	out->snd_cwnd = tp->snd_cwnd;
 }
 
+static __always_inline void copy_prague(struct prague_state *out, struct tcp_sock *tp)
+{
+	struct prague *p = (void *)tp->inet_conn.icsk_ca_priv;
+
+	out->alpha = p->alpha;
+	out->last_fraction = p->last_fraction;
+	out->reductions = p->reductions;
+	out->window_1024 = p->frac_cwnd >> 10;
+	out->saw_ce = p->saw_ce;
+	out->in_loss = p->in_loss;
+	out->snd_cwnd = tp->snd_cwnd;
+	out->snd_ssthresh = tp->snd_ssthresh;
+}
+
 /* The record of this socket, made (or made again, after a change of algorithm) for `kind`. */
 static __noinline struct ccstate *record_for(__u64 cookie, __u32 kind)
 {
@@ -262,8 +278,10 @@ static __noinline int copy(struct tcp_sock *tp, __u64 cookie, __u64 ops, struct 
 		copy_vegas(&st->vegas, tp);
 	else if (kind == CCSTATE_WESTWOOD)
 		copy_westwood(&st->westwood, tp);
-	else
+	else if (kind == CCSTATE_COPA)
 		copy_copa(&st->copa, tp);
+	else
+		copy_prague(&st->prague, tp);
 	st->updated_ns = now;
 	key = change_key(tp, kind);
 	gate->key = key;

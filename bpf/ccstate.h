@@ -14,6 +14,7 @@ enum ccstate_kind {
 	CCSTATE_VEGAS = 3, /* ccscope's BPF algorithms (bpf/cc/cc_state.h) */
 	CCSTATE_WESTWOOD = 4,
 	CCSTATE_COPA = 5,
+	CCSTATE_PRAGUE = 6,
 };
 
 /* tcp_bbr.c's struct bbr, the fields ccscope shows. */
@@ -82,6 +83,19 @@ struct copa_state {
 	__u8 same_direction;
 };
 
+/* ccscope's BPF prague (bpf/cc/prague.bpf.c). */
+struct prague_state {
+	__u32 alpha;           /* the EWMA of the CE fraction, 1/2^20 */
+	__u32 last_fraction;   /* the CE fraction of the last finished window, 1/2^20 */
+	__u32 reductions;      /* CE responses */
+	__u32 snd_cwnd;
+	__u32 snd_ssthresh;
+	__u32 window_1024;     /* its window, 1/1024 segment */
+	__u8 saw_ce;
+	__u8 in_loss;
+	__u8 __pad0[2];
+};
+
 #define CCSTATE_BYTES 48
 
 struct ccstate {
@@ -95,6 +109,7 @@ struct ccstate {
 		struct vegas_state vegas;
 		struct westwood_state westwood;
 		struct copa_state copa;
+		struct prague_state prague;
 		__u8 bytes[CCSTATE_BYTES];
 	};
 };

@@ -145,6 +145,9 @@ struct inet_connection_sock {
 	__u8 icsk_ca_setsockopt: 1;
 	__u8 icsk_ca_dst_locked: 1;
 	__u8 icsk_pending;	/* the write timer's event: ICSK_TIME_LOSS_PROBE while a tail-loss probe is sent */
+	struct {
+		__u8 pending;	/* ICSK_ACK_*: written by BPF congestion controls that answer CE (bpf/cc/prague.bpf.c) */
+	} icsk_ack;
 	__u64 icsk_ca_priv[13];
 };
 
@@ -183,7 +186,8 @@ struct tcp_sock {
 	__u64 bytes_received;
 	__u64 tcp_mstamp;
 	__u32 delivered_ce;
-	__u8 ecn_flags;
+	__u8 ecn_flags;		/* TCP_ECN_*: bpf/cc/prague.bpf.c writes TCP_ECN_DEMAND_CWR */
+	__u32 rcv_nxt;
 };
 
 struct sk_buff;

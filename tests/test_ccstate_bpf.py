@@ -17,7 +17,8 @@ import pytest
 from cchelpers import require_cc_objects, run_scenario
 from ccscope.ccstate.copa import CopaState
 from ccscope.ccstate.decoders import decode
-from ccscope.ccstate.record import CcState, CopaStateC, Kind, VegasStateC, WestwoodStateC
+from ccscope.ccstate.prague import PragueState
+from ccscope.ccstate.record import CcState, CopaStateC, Kind, PragueStateC, VegasStateC, WestwoodStateC
 from ccscope_testkit.prereqs import require_tools
 
 VEGAS_ALPHA, VEGAS_BETA = 2, 4  # tcp_vegas.c's, and bpf/cc/vegas.bpf.c's
@@ -54,6 +55,22 @@ def test_decoder_units() -> None:
     assert isinstance(copa, CopaState) and (copa.velocity, copa.direction) == (4, "up")
     assert copa.target_segments == pytest.approx(2 * 0.05 / 0.01)  # 1/(delta d_q) packets/s over rtt_standing
     raw.copa.direction = 7  # a direction this ccscope does not know: no state rather than a wrong one
+    assert decode(raw) is None
+
+
+def test_prague_decoder_units() -> None:
+    """bpf/cc/prague.bpf.c keeps alpha and the window's CE fraction in 1/2^20, its window in 1/1024 segment; the
+    full-length `l4s` run checks alpha against the kernel's delivered_ce / delivered (test_scenario_full.py)."""
+    raw = CcState(kind=Kind.PRAGUE, updated_ns=1)
+    raw.prague = PragueStateC(alpha=1 << 20, snd_cwnd=10, snd_ssthresh=0x7FFFFFFF, window_1024=10 * 1024)
+    start = decode(raw)
+    assert isinstance(start, PragueState) and (start.alpha, start.last_ce_fraction) == (1.0, None)  # before a mark
+    raw.prague = PragueStateC(alpha=52429, last_fraction=1 << 19, reductions=3, snd_cwnd=40, snd_ssthresh=38,
+                              window_1024=39 * 1024 + 512, saw_ce=1)
+    marked = decode(raw)
+    assert (marked.alpha, marked.last_ce_fraction, marked.window_segments) == (52429 / (1 << 20), 0.5, 39.5)
+    assert marked.as_dict()["reductions"] == 3 and "alpha 0.050" in marked.summary()
+    raw.prague.alpha = (1 << 20) + 1  # more than 1: not a state this ccscope wrote
     assert decode(raw) is None
 
 

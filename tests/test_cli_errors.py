@@ -194,7 +194,7 @@ def test_check_passes_here() -> None:
     # module's BTF (issue 28); a module not loaded would be a warning, not ok
     state = next(line for line in result.stdout.splitlines() if line.startswith("algorithm state"))
     assert re.fullmatch(r"algorithm state +ok +bbr \((vmlinux|module tcp_bbr)\), cubic \((vmlinux|module tcp_cubic)\), "
-                        r"ccscope's BPF vegas, westwood, copa \(by their tag\)",
+                        r"ccscope's BPF vegas, westwood, copa, prague \(by their tag\)",
                         state), state
     # The backend scenarios will get on this kernel: netem where the kernel has it, else the fallback.
     emulation = next(line for line in result.stdout.splitlines() if line.startswith("link emulation"))

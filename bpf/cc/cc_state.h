@@ -74,8 +74,26 @@ struct copa {
 	__u32 round_cwnd;		/* cwnd at round_stamp */
 };
 
+struct prague {
+	__u64 frac_cwnd;	/* the window in 1/2^20 segment (PRAGUE_ONE) */
+	__u64 loss_frac;	/* frac_cwnd before the last loss, for undo */
+	__u32 alpha;		/* the EWMA of the CE fraction, in 1/2^20 (PRAGUE_ONE = 1.0) */
+	__u32 last_fraction;	/* the CE fraction of the last finished window, in 1/2^20 */
+	__u32 next_seq;		/* snd_nxt when this window began: it ends once snd_una reaches it */
+	__u32 window_delivered;	/* tp->delivered when this window began */
+	__u32 window_ce;	/* tp->delivered_ce when this window began */
+	__u32 prior_delivered;	/* tp->delivered at the previous ACK */
+	__u32 prior_ce;		/* tp->delivered_ce at the previous ACK */
+	__u32 reductions;	/* CE responses (once per window at most) */
+	__u32 prior_rcv_nxt;	/* the receiver's rcv_nxt at the previous data segment */
+	__u8 ce_state;		/* the receiver's: was the last data segment CE */
+	__u8 saw_ce;		/* alpha moves only from the first CE on: the first response halves */
+	__u8 in_loss;		/* in Recovery or Loss: no additive increase */
+};
+
 _Static_assert(sizeof(struct vegas) <= CCSCOPE_CA_TAG_OFFSET, "struct vegas must leave the tag its place");
 _Static_assert(sizeof(struct westwood) <= CCSCOPE_CA_TAG_OFFSET, "struct westwood must leave the tag its place");
 _Static_assert(sizeof(struct copa) <= CCSCOPE_CA_TAG_OFFSET, "struct copa must leave the tag its place");
+_Static_assert(sizeof(struct prague) <= CCSCOPE_CA_TAG_OFFSET, "struct prague must leave the tag its place");
 
 #endif /* __CCSCOPE_CC_STATE_H */

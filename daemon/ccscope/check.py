@@ -128,7 +128,7 @@ def check_algorithm_state() -> Result:
     return Result("algorithm state", "ok", ", ".join(found))
 
 
-OURS = "ccscope's BPF vegas, westwood, copa (by their tag)"  # their types are ccscope's own: always readable
+OURS = "ccscope's BPF vegas, westwood, copa, prague (by their tag)"  # their types are ccscope's own: always readable
 
 
 def check_algorithms() -> Result:

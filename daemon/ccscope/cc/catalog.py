@@ -14,7 +14,7 @@ from functools import cache
 from importlib import resources
 from pathlib import Path
 
-BPF_ALGORITHMS = ("reno", "vegas", "westwood", "copa")
+BPF_ALGORITHMS = ("reno", "vegas", "westwood", "copa", "prague")
 FORCE_PREFIX = "bpf:"   # what the user writes
 BPF_PREFIX = "bpf_"     # the kernel name of a forced BPF registration
 TCP_CA_NAME_MAX = 15    # characters, without the NUL

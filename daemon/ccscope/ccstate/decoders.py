@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from . import bbr, copa, cubic, vegas, westwood
+from . import bbr, copa, cubic, prague, vegas, westwood
 from .record import CcState, Kind, StateMetric
 
-AlgorithmState = bbr.BbrState | cubic.CubicState | vegas.VegasState | westwood.WestwoodState | copa.CopaState
+AlgorithmState = (bbr.BbrState | cubic.CubicState | vegas.VegasState | westwood.WestwoodState | copa.CopaState
+                  | prague.PragueState)
 # kind -> (its union member, decode, series); a new algorithm adds one line here and a file of its own
 DECODERS = {
     Kind.BBR: ("bbr", bbr.decode, bbr.METRICS),
@@ -15,10 +16,11 @@ DECODERS = {
     Kind.VEGAS: ("vegas", vegas.decode, vegas.METRICS),
     Kind.WESTWOOD: ("westwood", westwood.decode, westwood.METRICS),
     Kind.COPA: ("copa", copa.decode, copa.METRICS),
+    Kind.PRAGUE: ("prague", prague.decode, prague.METRICS),
 }
 STATE_TYPES: dict[type, tuple[StateMetric, ...]] = {
     bbr.BbrState: bbr.METRICS, cubic.CubicState: cubic.METRICS, vegas.VegasState: vegas.METRICS,
-    westwood.WestwoodState: westwood.METRICS, copa.CopaState: copa.METRICS}
+    westwood.WestwoodState: westwood.METRICS, copa.CopaState: copa.METRICS, prague.PragueState: prague.METRICS}
 
 
 def decode(raw: CcState) -> AlgorithmState | None:

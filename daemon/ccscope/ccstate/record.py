@@ -18,6 +18,7 @@ class Kind(enum.IntEnum):
     VEGAS = 3  # ccscope's BPF algorithms, known by the tag they set (bpf/cc/cc_state.h)
     WESTWOOD = 4
     COPA = 5
+    PRAGUE = 6
 
 
 class BbrStateC(ctypes.Structure):
@@ -91,9 +92,23 @@ class CopaStateC(ctypes.Structure):
     ]
 
 
+class PragueStateC(ctypes.Structure):
+    _fields_ = [
+        ("alpha", u32),
+        ("last_fraction", u32),
+        ("reductions", u32),
+        ("snd_cwnd", u32),
+        ("snd_ssthresh", u32),
+        ("window_1024", u32),
+        ("saw_ce", u8),
+        ("in_loss", u8),
+        ("__pad0", u8 * 2),
+    ]
+
+
 class _StateUnion(ctypes.Union):
     _fields_ = [("bbr", BbrStateC), ("cubic", CubicStateC), ("vegas", VegasStateC), ("westwood", WestwoodStateC),
-                ("copa", CopaStateC), ("bytes", u8 * STATE_BYTES)]
+                ("copa", CopaStateC), ("prague", PragueStateC), ("bytes", u8 * STATE_BYTES)]
 
 
 class CcState(ctypes.Structure):
@@ -118,6 +133,7 @@ SHARED_STRUCTS: dict[str, type[ctypes.Structure]] = {
     "vegas_state": VegasStateC,
     "westwood_state": WestwoodStateC,
     "copa_state": CopaStateC,
+    "prague_state": PragueStateC,
     "ccstate": CcState,
     "ccstate_config": CcStateConfig,
 }
