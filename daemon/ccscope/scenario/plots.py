@@ -231,22 +231,18 @@ SOJOURN_QUEUES = (("sojourn", " queue"), ("sojourn_l", " L queue"), ("sojourn_c"
 
 
 def plot_queueing(directory: Sink, doc: dict) -> str | None:
-    """Where the delay is, profile by profile: the ping's RTT above the path's base RTT (what an interactive
-    user waits), and where the delay line owns the bottleneck (an AQM), the time packets waited in its queue,
-    median to p99 (dualpi2's L and C queues apart); medians over the runs. None without any queue measured."""
+    """Where the delay is, profile by profile (and algorithm set by set where a profile has several, as the l4s
+    built-in's prague, cubic and both): the ping's RTT above the path's base RTT (what an interactive user waits),
+    and where the delay line owns the bottleneck (an AQM), the time packets waited in its queue, median to p99
+    (dualpi2's L and C queues apart); medians over the runs. None without any queue measured."""
     rows: list[tuple[str, float | None, tuple[float, float, float] | None]] = []
     for profile in _profiles(doc):
         runs = [r for r in doc["runs"] if r["profile"] == profile]
-        ups = [(r.get("link") or {}).get("up") or {} for r in runs]
-        queues = [(key, label) for key, label in SOJOURN_QUEUES if any(key in up for up in ups)]
-        for key, label in [q for q in queues if q[0] != "sojourn"] or queues:  # dualpi2's queues, not their sum
-            found = [up[key] for up in ups if key in up]
-            rows.append((profile + label, None, tuple(statistics.median([q[f"{p}_ms"] for q in found])
-                                                        for p in ("median", "p95", "p99"))))
-        base_ms = (doc["profiles"][profile].get("base_rtt_s") or 0) * 1e3
-        pings = [r["ping"]["rtt_ms"]["median"] for r in runs if r.get("ping") and r["ping"]["rtt_ms"].get("median")]
-        if pings:
-            rows.append((f"{profile} ping", max(0.0, statistics.median(pings) - base_ms), None))
+        sets = list(dict.fromkeys(r["algorithms"] for r in runs))
+        for algorithms in sets:
+            name = profile if len(sets) == 1 else f"{profile} {algorithms}"
+            rows += _queueing_rows(name, [r for r in runs if r["algorithms"] == algorithms],
+                                   (doc["profiles"][profile].get("base_rtt_s") or 0) * 1e3)
     if not any(q for _, _, q in rows):
         return None
     fig, ax = plt.subplots(figsize=(8, 0.45 * len(rows) + 1.8))
@@ -254,7 +250,8 @@ def plot_queueing(directory: Sink, doc: dict) -> str | None:
         if queue is not None:
             ax.plot([queue[0], queue[2]], [y, y], color="#1f77b4", linewidth=2)
             ax.scatter(queue, [y] * 3, color="#1f77b4", marker="|", s=120, zorder=3)
-            ax.text(queue[2], y, f"  {queue[0]:.1f} / {queue[1]:.1f} / {queue[2]:.1f}", va="center", fontsize=7)
+            ax.text(queue[2], y, "  " + " / ".join(f"{v:.2f}" if v < 1 else f"{v:.1f}" for v in queue), va="center",
+                    fontsize=7)
         if ping is not None:
             ax.scatter([ping], [y], color="#d62728", marker="o", s=30, zorder=3)
             ax.text(ping, y, f"  {ping:.1f}", va="center", fontsize=7)
@@ -270,6 +267,23 @@ def plot_queueing(directory: Sink, doc: dict) -> str | None:
     ax.grid(axis="x", alpha=0.3, which="both")
     fig.tight_layout()
     return _save(fig, directory, "queueing.png")
+
+
+def _queueing_rows(name: str, runs: list[dict], base_ms: float) -> list[tuple[str, float | None, tuple | None]]:
+    """One row per queue that carried at least 1 % of the link's packets (dualpi2's L and C apart, not their sum),
+    then the ping's."""
+    rows: list[tuple[str, float | None, tuple | None]] = []
+    ups = [(r.get("link") or {}).get("up") or {} for r in runs]
+    carried = [(key, label) for key, label in SOJOURN_QUEUES
+               if any(key in up and up[key]["count"] >= 0.01 * (up.get("packets") or 0) for up in ups)]
+    for key, label in [q for q in carried if q[0] != "sojourn"] or carried:
+        found = [up[key] for up in ups if key in up]
+        rows.append((name + label, None, tuple(statistics.median([q[f"{p}_ms"] for q in found])
+                                               for p in ("median", "p95", "p99"))))
+    pings = [r["ping"]["rtt_ms"]["median"] for r in runs if r.get("ping") and r["ping"]["rtt_ms"].get("median")]
+    if pings:
+        rows.append((f"{name} ping", max(0.0, statistics.median(pings) - base_ms), None))
+    return rows
 
 
 def _buffer_bdp(doc: dict, profile: str) -> float | None:
