@@ -5,7 +5,7 @@
 
 For each round, in a shuffled order, one bulk iperf3 flow per algorithm over an emulated 50 Mbit/s path
 with 10 ms RTT (ccscope's Testbed): bpf_reno (the baseline: its cong_avoid only calls the kernel's own
-tcp_reno_cong_avoid), bpf_vegas, bpf_westwood, bpf_copa. The kernel's BPF accounting gives every
+tcp_reno_cong_avoid), bpf_vegas, bpf_westwood, bpf_copa, bpf_prague. The kernel's BPF accounting gives every
 program's run time and call count (run_time_ns, run_cnt from `bpftool prog show`, the programs found
 through the struct_ops map); the sender namespace's Tcp InSegs counts the ACKs.
 
@@ -41,7 +41,11 @@ from ccscope.libbpf import Libbpf
 ROOT = Path(__file__).resolve().parents[1]
 
 RESULTS = ROOT / "bench" / "results" / "cc.md"
-ALGORITHMS = ("bpf_reno", "bpf_vegas", "bpf_westwood", "bpf_copa")
+ALGORITHMS = ("bpf_reno", "bpf_vegas", "bpf_westwood", "bpf_copa", "bpf_prague")
+# prague needs ECN, which only a listener whose algorithm needs it too accepts from its ECN-capable SYN: its
+# receiver runs it as well, and its row counts the receiver's work (cwnd_event on every data segment, the
+# exact-ECE state machine; the receiver's tcp_ack() returns before cong_control with nothing in flight).
+BOTH_ENDS = ("bpf_prague",)
 BASELINE = "bpf_reno"
 ACCOUNTING_PROG = "reno_pkts_acked"
 BPF_STATS_RUN_TIME = 0
@@ -86,7 +90,8 @@ def one_flow(name: str, progs: dict[int, str], seconds: float) -> dict:
         tb.set_algorithm(name)
         # Only the sender runs the algorithm (its namespace default; no iperf3 -C, which the server would
         # copy): the receiver's tcp_ack() on every data segment would call it too and muddle "per ACK".
-        tb.run(tb.receiver_ns, ["sysctl", "-q", "-w", "net.ipv4.tcp_congestion_control=reno"], timeout=10)
+        if name not in BOTH_ENDS:
+            tb.run(tb.receiver_ns, ["sysctl", "-q", "-w", "net.ipv4.tcp_congestion_control=reno"], timeout=10)
         port = "5302"
         tb.popen(tb.receiver_ns, ["iperf3", "-s", "-1", "-p", port], stdout=subprocess.DEVNULL)
         time.sleep(0.3)

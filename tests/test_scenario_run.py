@@ -124,12 +124,12 @@ def test_wired_vs_wireless_quick(ccscope_cmd, tmp_path, watched_quick_scenario):
 
 KILLED_MID_RUN = """\
 name: killed-mid-run
-description: a bulk flow through CoDel marking, ECN set in the scenario's namespaces, killed halfway
-algorithms: [cubic]
+description: BPF prague through DualPI2, ECN set in the scenario's namespaces, killed halfway
+algorithms: [prague]
 duration: 20s
 runs: 1
 profiles:
-  codel-ecn: {rate: 10mbit, delay: 10ms, queue: 100p, ecn: on, up: {aqm: {name: codel, ecn: true}}}
+  l4s: {rate: 10mbit, delay: 10ms, ecn: on, up: {aqm: {name: dualpi2, ecn_mask: any_ect}}}
 traffic:
   bulk: {flows: 1}
   ping: {interval: 100ms}
@@ -137,8 +137,9 @@ traffic:
 
 
 def test_sigkill_then_cleanup_leaves_nothing(ccscope_cmd, tmp_path, host):
-    """kill -9 in the middle of a run whose namespaces have tcp_ecn=1 and whose delay line runs CoDel: `ccscope
-    cleanup` removes what it left, and the host's sysctls (tcp_ecn among them) never changed (`host`)."""
+    """kill -9 in the middle of a run of ccscope's BPF prague whose namespaces have tcp_ecn=1 and whose delay line
+    runs DualPI2: `ccscope cleanup` removes what it left, prague's registration included, and the host's sysctls
+    (tcp_ecn among them) never changed (`host`)."""
     (tmp_path / "killed.yaml").write_text(KILLED_MID_RUN)
     proc = subprocess.Popen([*ccscope_cmd, "scenario", "run", str(tmp_path / "killed.yaml"), "--no-verify",
                              "--listen", "off", "--out", str(tmp_path / "killed")],
@@ -160,7 +161,8 @@ def test_sigkill_then_cleanup_leaves_nothing(ccscope_cmd, tmp_path, host):
             proc.wait()
     res = subprocess.run([*ccscope_cmd, "cleanup"], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
-    assert "removed" in res.stdout and "ccs-" in res.stdout
+    assert "removed" in res.stdout and "ccs-" in res.stdout and "BPF congestion control prague" in res.stdout
+    assert "prague" not in Path("/proc/sys/net/ipv4/tcp_available_congestion_control").read_text().split()
     res = subprocess.run([*ccscope_cmd, "cleanup"], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and "nothing to clean up" in res.stdout
 
