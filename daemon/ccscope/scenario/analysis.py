@@ -289,8 +289,19 @@ def summarize(runs: list[dict], profile_order: list[str], mix_order: list[str]) 
                                             if d["algorithm"] == alg]),
             "algorithm_ok": all(p["algorithm_ok"] for _, p in items),
         })
+        _add_ecn(rows[-1], [f for run, _ in items for f in run["flows"] if f["algorithm"] == alg])
     _add_harm(rows, groups)
     return rows
+
+
+def _add_ecn(row: dict, flows: list[dict]) -> None:
+    """What the algorithm's flows negotiated (`ecn`: "ecn", or "off/ecn" where runs differed) and, where any
+    negotiated ECN, the fraction of their delivered packets fed back as CE, over the runs."""
+    modes = sorted({f["ecn"] for f in flows if f.get("ecn")})
+    if modes:
+        row["ecn"] = "/".join(modes)
+    if any(mode != "off" for mode in modes):
+        row["ce_fraction"] = mean_ci95([f.get("ce_fraction") for f in flows])
 
 
 def _add_harm(rows: list[dict], groups: dict[tuple[str, str, str], list[tuple[dict, dict]]]) -> None:

@@ -191,6 +191,10 @@ class SummaryRow(TypedDict):
     # the data direction's queueing delay, where the delay line measured it (an AQM link); older files lack it
     queue_delay_median_ms: NotRequired[Interval]
     queue_delay_p95_ms: NotRequired[Interval]
+    # ECN as the flows negotiated it ("off", "ecn", "accecn"; "off/ecn" where runs differed), and where any did,
+    # the fraction of their delivered packets fed back as CE; files before ECN telemetry lack them
+    ecn: NotRequired[str]
+    ce_fraction: NotRequired[Interval]
     # competing sets only
     share: NotRequired[Interval]
     convergence_s: NotRequired[Interval]

@@ -84,6 +84,8 @@ COLUMNS = (("profile", lambda r: r["profile"]),
            ("queue p50 ms", lambda r: _ci(r["queue_delay_median_ms"], digits=1) if r.get("queue_delay_median_ms")
             else "-"),
            ("queue p95 ms", lambda r: _ci(r["queue_delay_p95_ms"], digits=1) if r.get("queue_delay_p95_ms") else "-"),
+           ("ecn", lambda r: r["ecn"] if r.get("ecn", "off") != "off" else "-"),  # "-": no ECN, or not known
+           ("CE %", lambda r: _ci(r["ce_fraction"], pct=True) if r.get("ce_fraction") else "-"),
            ("retrans %", lambda r: _ci(r["retransmit_ratio"], pct=True)),
            ("link drop %", lambda r: _ci(r["link_drop_ratio"], pct=True)),
            ("jain", lambda r: _ci(r["jain"], digits=3)),
