@@ -367,6 +367,11 @@ def _claim_l4s(doc: dict) -> None:
     ratio = flows["prague"]["goodput_bps"] / flows["cubic"]["goodput_bps"]
     assert 1.0 <= ratio / predicted <= 2.3, (ratio, predicted)  # measured 1.40-1.80
     assert sum(f["goodput_bps"] for f in flows.values()) >= 0.9 * payload, flows
+    # the report's rows say what each negotiated and how much of it was marked
+    rows = {(r["algorithms"], r["algorithm"]): r for r in doc["summary"]}
+    assert rows["prague", "prague"]["ecn"] == "ecn" and rows["cubic", "cubic"]["ecn"] == "off"
+    assert rows["prague", "prague"]["ce_fraction"]["mean"] == prague["ce_fraction"]
+    assert "ce_fraction" not in rows["cubic", "cubic"] and "ce_fraction" not in rows["prague+cubic", "cubic"]
 
 
 CLAIMS = {"wired-vs-wireless": _claim_wired_vs_wireless, "fast-vs-slow": _claim_fast_vs_slow,
