@@ -5,8 +5,8 @@
 // no --queue-bypass: a bypass would silently remove the delay). This program holds every packet for
 // delay (+ jitter) and then accepts it, drops a random fraction `loss`, and optionally owns the
 // bottleneck: its queue, then either the delivery opportunities of a Mahimahi trace (--trace) or a fixed
-// rate (--rate-bps) with an active queue management (--aqm codel, fq_codel, pie or dualpi2; pi.c decides for
-// the last two). Otherwise rate limiting and the
+// rate (--rate-bps) with an active queue management (--aqm codel, fq_codel, pie, fq_pie or dualpi2; pi.c
+// decides for the PI ones). Otherwise rate limiting and the
 // bottleneck queue stay in the kernel (tbf on the router's egress), separate from the delay line.
 //
 // Stage order per packet: random loss -> delay line (FIFO) -> [bottleneck queue (drop-tail at its
@@ -17,11 +17,11 @@
 // (release = max(arrival + delay + U(-jitter, +jitter), previous release)), like a real path whose
 // delay varies but which does not reorder. Because release order equals arrival order, one
 // nfq_set_verdict_batch() accepts every packet up to the newest one due, which keeps up at high packet
-// rates. fq_codel reorders between flows and dualpi2 between its two queues (their point): there each
+// rates. fq_codel and fq_pie reorder between flows and dualpi2 between its two queues (their point): there each
 // packet gets a verdict of its own.
 //
 // Usage: ccscope-delayline --queue N [--delay-us D] [--jitter-us J] [--loss P] [--seed S]
-//          [--trace FILE | --rate-bps R [--aqm fifo|codel|fq_codel|pie|dualpi2 [--target-us T]
+//          [--trace FILE | --rate-bps R [--aqm fifo|codel|fq_codel|pie|fq_pie|dualpi2 [--target-us T]
 //          [--interval-us I] [--tupdate-us U] [--step-us S] [--coupling K] [--ecn-mask M] [--ecn]]]
 //          [--queue-packets N | --queue-bytes N] [--maxlen N] [--stats FILE] [--realtime]
 // Prints "ready" on stdout once bound to the queue. SIGUSR1 writes counters to the stats file
@@ -142,7 +142,7 @@ static int64_t link_free;
 static int64_t queued_since; // when the bottleneck queue last went from empty to not
 
 // The AQM of the bottleneck queue (rate mode): its kind and CoDel's parameters (RFC 8289), times in ns.
-enum aqm_kind { AQM_FIFO, AQM_CODEL, AQM_FQ_CODEL, AQM_PIE, AQM_DUALPI2 };
+enum aqm_kind { AQM_FIFO, AQM_CODEL, AQM_FQ_CODEL, AQM_PIE, AQM_DUALPI2, AQM_FQ_PIE };
 static struct {
 	enum aqm_kind kind;
 	int ecn; // marks ECN-capable packets where it would drop them
@@ -174,9 +174,12 @@ static struct codel_vars bq_codel;
 #define FQ_FLOWS 1024
 #define FQ_QUANTUM 1514
 #define FQ_DROP_BATCH 64 // at most this many packets go from the fattest flow at once (drop_batch_size)
+// fq_pie (sch_fq_pie.c) keeps the flow queues and their round robin, with PIE per flow instead of CoDel:
+// each flow's PIE decides at enqueue from that flow's own delay and backlog, all updated every tupdate.
 struct fq_flow {
 	struct ring q;
 	struct codel_vars cv;
+	struct pie pv; // fq_pie
 	int64_t deficit;
 	int list; // 0 in none, 1 new_flows, 2 old_flows
 	int next; // the next flow of its list; -1 at its tail
@@ -188,6 +191,17 @@ static struct fq_flow *fq;
 static struct flow_list new_flows = {-1, -1}, old_flows = {-1, -1};
 static uint64_t fq_packets, fq_bytes;
 static uint32_t hash_seed;
+
+static int flow_queued(void)
+{
+	return aqm.kind == AQM_FQ_CODEL || aqm.kind == AQM_FQ_PIE;
+}
+
+// One flow queue's bytes at layer 2 (fq_pie's PIE guards each flow's own backlog).
+static uint64_t flow_backlog(int i)
+{
+	return fq[i].q.bytes + fq[i].q.n * ETH_HEADER_BYTES;
+}
 
 static struct {
 	uint64_t packets, bytes, accepted, random_drops, queue_drops, enobufs, max_held, seq, stamped;
@@ -351,7 +365,7 @@ static void flush_accepts(struct nfq_q_handle *qh)
 static void accept_pkt(struct nfq_q_handle *qh, struct pkt *p, int64_t due)
 {
 	count_release(due);
-	if (aqm.kind == AQM_FQ_CODEL || aqm.kind == AQM_DUALPI2) {
+	if (flow_queued() || aqm.kind == AQM_DUALPI2) {
 		nfq_set_verdict(qh, p->id, NF_ACCEPT, 0, NULL);
 	} else {
 		max_accept_id = p->id;
@@ -450,7 +464,7 @@ static void aqm_drop(struct nfq_q_handle *qh, struct pkt *p)
 static uint64_t backlog_bytes(void)
 {
 	// at layer 2, as the kernel's qdisc_pkt_len counts
-	if (aqm.kind == AQM_FQ_CODEL)
+	if (flow_queued())
 		return fq_bytes + fq_packets * ETH_HEADER_BYTES;
 	return bq.bytes + lq.bytes + (bq.n + lq.n) * ETH_HEADER_BYTES;
 }
@@ -480,7 +494,7 @@ static void enter_bottleneck(struct nfq_q_handle *qh, struct pkt p)
 	p.enq = p.t;
 	if (!queued_packets())
 		queued_since = p.enq;
-	if (aqm.kind == AQM_FQ_CODEL) {
+	if (flow_queued()) {
 		fq_enqueue(qh, p);
 		return;
 	}
@@ -616,10 +630,19 @@ static void fq_drop_batch(struct nfq_q_handle *qh)
 }
 
 // fq_codel_enqueue(): into its flow's queue, the flow onto new_flows if it was idle; over the limit, a
-// batch from the fattest flow goes (RFC 8290 section 4.1.3).
+// batch from the fattest flow goes (RFC 8290 section 4.1.3). fq_pie_qdisc_enqueue(): over the limit the
+// packet goes, then its flow's PIE drops or marks it, or lets it in.
 static void fq_enqueue(struct nfq_q_handle *qh, struct pkt p)
 {
 	int i = (int)(p.flow % FQ_FLOWS);
+	if (aqm.kind == AQM_FQ_PIE) {
+		if (over_limit(fq_packets + 1, fq_bytes + p.len)) {
+			tail_drop(qh, &p);
+			return;
+		}
+		if (!carry_out(qh, &p, pie_enqueue(&fq[i].pv, flow_backlog(i), p.ecn, rng_unit()), 0))
+			return;
+	}
 	ring_push(&fq[i].q, p);
 	fq_packets++;
 	fq_bytes += p.len;
@@ -627,8 +650,18 @@ static void fq_enqueue(struct nfq_q_handle *qh, struct pkt p)
 		list_append(&new_flows, i, 1);
 		fq[i].deficit = FQ_QUANTUM;
 	}
-	if (over_limit(fq_packets, fq_bytes))
+	if (aqm.kind == AQM_FQ_CODEL && over_limit(fq_packets, fq_bytes))
 		fq_drop_batch(qh);
+}
+
+// The head of flow i under fq_pie, whose PIE learns its delay (fq_pie_qdisc_dequeue()); 0 if it is empty.
+static int fq_pie_dequeue(int i, int64_t now, struct pkt *out)
+{
+	if (!fq[i].q.n)
+		return 0;
+	*out = pop_from(&fq[i].q);
+	pie_dequeued(&fq[i].pv, now, now - out->enq, flow_backlog(i));
+	return 1;
 }
 
 // fq_codel_dequeue(): new flows first, then old ones, each for its deficit; a flow that runs out of
@@ -647,7 +680,7 @@ static int fq_dequeue(struct nfq_q_handle *qh, int64_t now, struct pkt *out)
 			list_append(&old_flows, i, 2);
 			continue;
 		}
-		if (codel_dequeue(qh, now, &fq[i].q, &fq[i].cv, out)) {
+		if (aqm.kind == AQM_FQ_PIE ? fq_pie_dequeue(i, now, out) : codel_dequeue(qh, now, &fq[i].q, &fq[i].cv, out)) {
 			fq[i].deficit -= out->len + ETH_HEADER_BYTES;
 			return 1;
 		}
@@ -722,6 +755,9 @@ static void pi_update(int64_t t)
 {
 	if (aqm.kind == AQM_PIE) {
 		pie_update(&pie, backlog_bytes());
+	} else if (aqm.kind == AQM_FQ_PIE) {
+		for (int i = 0; i < FQ_FLOWS; i++)
+			pie_update(&fq[i].pv, flow_backlog(i));
 	} else {
 		int64_t c = bq.n ? t - ring_front(&bq)->enq : 0, l = lq.n ? t - ring_front(&lq)->enq : 0;
 		dualpi2_update(&dualpi2, c, l);
@@ -734,7 +770,7 @@ static void pi_update(int64_t t)
 static void start_sending(struct nfq_q_handle *qh, int64_t t)
 {
 	struct pkt p;
-	int have = aqm.kind == AQM_FQ_CODEL ? fq_dequeue(qh, t, &p)
+	int have = flow_queued() ? fq_dequeue(qh, t, &p)
 		   : aqm.kind == AQM_CODEL  ? codel_dequeue(qh, t, &bq, &bq_codel, &p)
 		   : aqm.kind == AQM_PIE    ? pie_dequeue(t, &p)
 		   : aqm.kind == AQM_DUALPI2 ? dualpi2_dequeue(qh, t, &p)
@@ -760,7 +796,8 @@ static int64_t run_due_rate(struct nfq_q_handle *qh, int64_t now)
 		int64_t ts = INT64_MAX;				// the next one goes on the wire
 		if (!wire_busy && queued_packets()) // the link is free since link_free, the queue full since
 			ts = link_free > queued_since ? link_free : queued_since;
-		int64_t tu = aqm.kind == AQM_PIE || aqm.kind == AQM_DUALPI2 ? next_update : INT64_MAX;
+		int64_t tu = aqm.kind == AQM_PIE || aqm.kind == AQM_DUALPI2 || aqm.kind == AQM_FQ_PIE ? next_update
+											      : INT64_MAX;
 		int64_t t = td < tf ? td : tf;
 		t = t < ts ? t : ts;
 		t = t < tu ? t : tu;
@@ -865,7 +902,7 @@ static int on_packet(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_d
 		p.ecn = payload[1] & 3;
 	else if (plen >= 40 && (payload[0] >> 4) == 6)
 		p.ecn = (payload[1] >> 4) & 3;
-	if (aqm.kind == AQM_FQ_CODEL)
+	if (flow_queued())
 		p.flow = flow_hash(payload, plen);
 	if (aqm.ecn && plen > 0) {
 		p.data = malloc((size_t)plen);
@@ -917,7 +954,7 @@ static void load_trace(const char *path)
 static void usage(void)
 {
 	fprintf(stderr, "usage: ccscope-delayline --queue N [--delay-us D] [--jitter-us J] [--loss P] "
-			"[--seed S] [--trace FILE | --rate-bps R [--aqm fifo|codel|fq_codel|pie|dualpi2 [--target-us T] "
+			"[--seed S] [--trace FILE | --rate-bps R [--aqm fifo|codel|fq_codel|pie|fq_pie|dualpi2 [--target-us T] "
 			"[--interval-us I] [--tupdate-us U] [--step-us S] [--coupling K] [--ecn-mask M] [--ecn]]] "
 			"[--queue-packets N|--queue-bytes N] [--maxlen N] [--stats FILE] [--realtime]\n");
 	exit(2);
@@ -962,6 +999,8 @@ int main(int argc, char **argv)
 				aqm.kind = AQM_FQ_CODEL;
 			else if (strcmp(optarg, "pie") == 0)
 				aqm.kind = AQM_PIE;
+			else if (strcmp(optarg, "fq_pie") == 0)
+				aqm.kind = AQM_FQ_PIE;
 			else if (strcmp(optarg, "dualpi2") == 0)
 				aqm.kind = AQM_DUALPI2;
 			else if (strcmp(optarg, "fifo") != 0)
@@ -989,10 +1028,12 @@ int main(int argc, char **argv)
 	if (trace)
 		load_trace(trace);
 	hash_seed = (uint32_t)(rng_state >> 32) ^ 0x9e3779b9u; // from the seed, without drawing from it
-	if (aqm.kind == AQM_FQ_CODEL && !(fq = calloc(FQ_FLOWS, sizeof(*fq)))) {
+	if (flow_queued() && !(fq = calloc(FQ_FLOWS, sizeof(*fq)))) {
 		perror("ccscope-delayline: calloc");
 		return 1;
 	}
+	for (int i = 0; flow_queued() && i < FQ_FLOWS; i++)
+		pie_init(&fq[i].pv, aqm.target, aqm.tupdate, aqm.ecn);
 	// Default timer slack (50 us) would add up to 50 us to every release.
 	prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
 	// A delay line that waits for a CPU behind the traffic it delays adds that wait to the RTT. The
