@@ -25,8 +25,8 @@ Semantics
   `isolate: {queue: 20p, ports: [5300]}`. The interactive class is guaranteed 90 % of the rate, the
   bulk one 10 %, and either may use all of it when the other is idle. It needs a `rate` (not a trace).
 - `aqm` names the bottleneck queue's active queue management (aqm.py): `fifo` (drop-tail, the default),
-  `codel` or `fq_codel`; `queue` stays its hard limit (without it, the kernel's: 1000 packets for codel,
-  10240 for fq_codel). An AQM link's rate and queue run in the delay line.
+  `codel`, `fq_codel`, `pie`, `fq_pie` or `dualpi2`; `queue` stays its hard limit (without it, the kernel's:
+  aqm.DEFAULT_LIMIT_PACKETS). An AQM link's rate and queue run in the delay line.
 - `ecn` (on the profile, not a direction) is what the endpoints' TCP negotiates: `off`, `on` or `accecn`
   (aqm.ENDPOINT_ECN), set in the scenario's namespaces only.
 
