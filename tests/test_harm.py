@@ -83,7 +83,7 @@ def test_per_algorithm_shares_in_a_competing_run() -> None:
 
 def _run(mix: str, per: dict) -> dict:
     return {"profile": "p", "algorithms": mix, "per_algorithm": per, "ping": None, "link": {}, "jain": None,
-            "downloads": []}
+            "flows": [], "downloads": []}  # a run's flows are in every results document
 
 
 def _per(goodput: float, p95: float, ratio: float, share: float | None = None) -> dict:
