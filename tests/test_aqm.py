@@ -188,14 +188,25 @@ def test_fq_codel_serves_a_ping_beside_a_bulk_flow_at_once() -> None:
     before the bulk flow's queue: 20.3 ms median against the base 20 ms (CoDel alone on the same path: 22.95,
     the bulk flow's standing queue), while the bulk flow keeps 19.1 of the 19.1 Mbit/s the link carries of
     TCP. Every drop was the flow's (10 drops, 10 retransmits: the ping lost none)."""
+    profile, sent, rtts, up = _ping_beside_a_bulk_flow("fq_codel", seconds=6)
+    assert len(rtts) == 60
+    assert statistics.median(rtts) < profile.base_rtt_s + 0.0015, sorted(rtts)
+    assert sent["bits_per_second"] > 0.9 * 20e6 * 1448 / 1514
+    assert up["aqm_drops"] > 0 and abs(sent["retransmits"] - up["aqm_drops"]) <= 2, (sent, up)
+
+
+def _ping_beside_a_bulk_flow(name: str, seconds: float) -> tuple[PathProfile, dict, list[float], dict]:
+    """60 pings, 50 ms apart, once a cubic flow of `seconds` queues at a 20 Mbit/s, 20 ms, 200-packet bottleneck
+    under the AQM `name`: the profile, the flow's iperf3 sum_sent, the RTTs, and how the up link's counters
+    moved (with the sojourn summaries), once the bottleneck has drained."""
     require_root()
     require_tools("iperf3", "ping")
     profile = PathProfile.from_dict("fq", {"rate": "20mbit", "delay": "10ms", "queue": "200p",
-                                           "up": {"aqm": "fq_codel"}}, "profiles.fq")
+                                           "up": {"aqm": name}}, "profiles.fq")
     with Testbed(profile) as tb:
         before = tb.link_stats()["up"]
         result: dict = {}
-        flow = threading.Thread(target=lambda: result.update(iperf3(tb, "-C", "cubic", seconds=6, omit=0)))
+        flow = threading.Thread(target=lambda: result.update(iperf3(tb, "-C", "cubic", seconds=seconds, omit=0)))
         flow.start()
         try:
             _wait_for_a_queue(tb, deadline_s=3.0)
@@ -203,12 +214,8 @@ def test_fq_codel_serves_a_ping_beside_a_bulk_flow_at_once() -> None:
         finally:
             flow.join()
         tb.wait_drained()
-        up = {k: v - before.get(k, 0) for k, v in tb.link_stats()["up"].items() if isinstance(v, int)}
-    sent = result["end"]["sum_sent"]
-    assert len(rtts) == 60
-    assert statistics.median(rtts) < profile.base_rtt_s + 0.0015, sorted(rtts)
-    assert sent["bits_per_second"] > 0.9 * 20e6 * 1448 / 1514
-    assert up["aqm_drops"] > 0 and abs(sent["retransmits"] - up["aqm_drops"]) <= 2, (sent, up)
+        moved = {k: v - before.get(k, 0) for k, v in tb.link_stats()["up"].items() if isinstance(v, int)}
+    return profile, result["end"]["sum_sent"], rtts, moved | sojourn.summaries(moved)
 
 
 def _wait_for_a_queue(tb: Testbed, deadline_s: float) -> None:
@@ -293,24 +300,7 @@ def test_fq_pie_serves_a_ping_at_once_and_holds_the_flow_near_its_target() -> No
     flow's PIE holds its packets near 15 ms (PIE_MEDIAN_MS, as PIE's alone); every drop is one of its
     retransmits, and the link stays busy. Measured in 4 runs: ping median 20.1-20.2 ms on the 20 ms path, the
     sojourn median 15.0 ms every time (p95 30 ms), 7-8 drops and as many retransmits, 19.4 Mbit/s."""
-    require_root()
-    require_tools("iperf3", "ping")
-    profile = PathProfile.from_dict("fq", {"rate": "20mbit", "delay": "10ms", "queue": "200p",
-                                           "up": {"aqm": "fq_pie"}}, "profiles.fq")
-    with Testbed(profile) as tb:
-        before = tb.link_stats()["up"]
-        result: dict = {}
-        flow = threading.Thread(target=lambda: result.update(iperf3(tb, "-C", "cubic", seconds=8, omit=0)))
-        flow.start()
-        try:
-            _wait_for_a_queue(tb, deadline_s=3.0)
-            rtts = tb.ping_rtts(count=60, interval=0.05)
-        finally:
-            flow.join()
-        tb.wait_drained()
-        moved = {k: v - before.get(k, 0) for k, v in tb.link_stats()["up"].items() if isinstance(v, int)}
-    up = moved | sojourn.summaries(moved)
-    sent = result["end"]["sum_sent"]
+    profile, sent, rtts, up = _ping_beside_a_bulk_flow("fq_pie", seconds=8)
     assert len(rtts) == 60 and statistics.median(rtts) < profile.base_rtt_s + 0.0015, sorted(rtts)
     assert up["aqm_drops"] > 0 and up["queue_drops"] == 0, up
     assert abs(sent["retransmits"] - up["aqm_drops"]) <= 2, (sent["retransmits"], up)
