@@ -499,6 +499,7 @@ static void enter_bottleneck(struct nfq_q_handle *qh, struct pkt p)
 		return;
 	}
 	if (over_limit(bq.n + lq.n + 1, bq.bytes + lq.bytes + p.len)) {
+		pie.accu_prob = 0; // PIE's derandomization restarts at every drop (sch_pie.c's out:)
 		tail_drop(qh, &p);
 		return;
 	}
@@ -637,6 +638,7 @@ static void fq_enqueue(struct nfq_q_handle *qh, struct pkt p)
 	int i = (int)(p.flow % FQ_FLOWS);
 	if (aqm.kind == AQM_FQ_PIE) {
 		if (over_limit(fq_packets + 1, fq_bytes + p.len)) {
+			fq[i].pv.accu_prob = 0; // as every drop (sch_fq_pie.c's out:)
 			tail_drop(qh, &p);
 			return;
 		}
