@@ -72,6 +72,7 @@ struct sock {
 	struct sock_common __sk_common;
 	__u8 sk_pacing_status;		/* written by BPF congestion controls */
 	unsigned long sk_pacing_rate;	/* written by BPF congestion controls */
+	unsigned long sk_max_pacing_rate;
 	struct sock_cgroup_data sk_cgrp_data;
 };
 

@@ -77,6 +77,7 @@ struct copa {
 struct prague {
 	__u64 frac_cwnd;	/* the window in 1/2^20 segment (PRAGUE_ONE) */
 	__u64 loss_frac;	/* frac_cwnd before the last loss, for undo */
+	__u64 cwr_frac;		/* frac_cwnd before this round's CE cut: a loss in the round halves that */
 	__u32 alpha;		/* the EWMA of the CE fraction, in 1/2^20 (PRAGUE_ONE = 1.0) */
 	__u32 last_fraction;	/* the CE fraction of the last finished window, in 1/2^20 */
 	__u32 next_seq;		/* snd_nxt when this window began: it ends once snd_una reaches it */

@@ -15,8 +15,9 @@
  *       segments delivered without CE (so the increase is (1 - p) per RTT, as Prague's).
  *   The window is kept in 1/2^20 segment; cwnd follows it, down by at most one segment per ACK (the
  *   kernel's PRR spreads a reduction over an RTT in the same way) and up by at most the segments acked.
- *   Loss: the window halves (Recovery, or an RTO's Loss), without increase until the state is Open
- *       again; undo restores it.
+ *   Loss: the window halves from what it was before the round's CE cut (Recovery; an RTO once the kernel
+ *       cuts, CA_EVENT_LOSS; a loss a tail-loss probe repaired, CWR without CE), without increase until
+ *       the state is Open again; undo restores it.
  *   Pacing at 200 % of cwnd/srtt in slow start and 100 % after it (Prague's), by TCP's own pacing
  *       (no fq needed).
  * Receiver (the accepted socket runs it too): ECE on exactly the ACKs of CE-marked data (DCTCP's state
@@ -98,24 +99,27 @@ static __always_inline void prague_update_alpha(struct prague *p, const struct t
 	prague_start_window(p, tp);
 }
 
+/* As tcp_update_pacing_rate(): over max(cwnd, in flight), at most SO_MAX_PACING_RATE. */
 static __always_inline void prague_set_pacing(struct sock *sk, __u32 cwnd)
 {
 	const struct tcp_sock *tp = tcp_sk(sk);
-	__u64 rate = (__u64)cwnd * tp->mss_cache * USEC_PER_SEC << 3;	/* srtt_us holds 8 x srtt */
+	__u64 rate = (__u64)max(cwnd, tp->packets_out) * tp->mss_cache * USEC_PER_SEC << 3;	/* srtt_us: 8 x srtt */
 
 	if (cwnd < tp->snd_ssthresh / 2)
 		rate <<= 1;
-	sk->sk_pacing_rate = rate / max(tp->srtt_us, 1U);
+	rate /= max(tp->srtt_us, 1U);
+	sk->sk_pacing_rate = min(rate, (__u64)sk->sk_max_pacing_rate);
 }
 
-/* cwnd toward the window: down one segment per ACK at most, up by at most the segments acked. */
+/* cwnd toward the window: down by at most the segments acked (one on a duplicate ACK), as PRR spreads a
+ * reduction over the segments delivered in a round; up by at most the segments acked. */
 static __always_inline __u32 prague_follow(struct tcp_sock *tp, __u64 frac, __u32 acked)
 {
 	__u32 target = (frac + PRAGUE_ONE - 1) >> PRAGUE_SHIFT, cwnd = tp->snd_cwnd;
 
 	target = min(max(target, (__u32)PRAGUE_MIN_CWND), tp->snd_cwnd_clamp);
 	if (target < cwnd)
-		cwnd -= 1;
+		cwnd -= min(cwnd - target, max(acked, 1U));
 	else if (target > cwnd)
 		cwnd = min(target, cwnd + acked);
 	if (cwnd != tp->snd_cwnd)
@@ -142,18 +146,27 @@ void BPF_PROG(prague_cong_control, struct sock *sk)
 			p->frac_cwnd += (__u64)clean << PRAGUE_SHIFT;
 		else
 			p->frac_cwnd += ((__u64)clean << PRAGUE_SHIFT) / max(cwnd, 1U);
+		/* no window past the clamp: ssthresh follows it, and alpha x frac must not overflow */
+		p->frac_cwnd = min(p->frac_cwnd, (__u64)tp->snd_cwnd_clamp << PRAGUE_SHIFT);
 	}
 	if (!seq_before(tp->snd_una, p->next_seq))
 		prague_update_alpha(p, tp);
 	prague_set_pacing(sk, prague_follow(tp, p->frac_cwnd, acked));
 }
 
-static __always_inline void prague_halve(struct prague *p, struct tcp_sock *tp)
+static __always_inline void prague_cut(struct prague *p, struct tcp_sock *tp, __u64 to)
 {
-	p->loss_frac = p->frac_cwnd;
-	p->frac_cwnd >>= 1;
+	p->frac_cwnd = to;
+	tp->snd_ssthresh = max((__u32)(to >> PRAGUE_SHIFT), (__u32)PRAGUE_MIN_CWND);
+}
+
+/* A loss: half the window from before this round's reductions; what it was is kept for undo. */
+static __always_inline void prague_halve(struct prague *p, struct tcp_sock *tp, __u64 before)
+{
+	if (!p->in_loss)
+		p->loss_frac = before;
 	p->in_loss = 1;
-	tp->snd_ssthresh = max((__u32)(p->frac_cwnd >> PRAGUE_SHIFT), (__u32)PRAGUE_MIN_CWND);
+	prague_cut(p, tp, min(before >> 1, p->frac_cwnd));
 }
 
 SEC("struct_ops/prague_set_state")
@@ -162,23 +175,33 @@ void BPF_PROG(prague_set_state, struct sock *sk, __u8 new_state)
 	struct tcp_sock *tp = tcp_sk(sk);
 	struct prague *p = inet_csk_ca(sk);
 	__u8 old_state = tcp_ca_state(sk);	/* the kernel writes the new one after this call */
-	__u64 cut;
 
 	if (new_state == TCP_CA_CWR && old_state < TCP_CA_CWR) {
-		/* frac -= frac * alpha / 2 (no overflow below 2^23 segments) */
-		cut = (p->frac_cwnd * p->alpha) >> (PRAGUE_SHIFT + 1);
-		p->frac_cwnd -= min(cut, p->frac_cwnd);
-		p->reductions += 1;
-		tp->snd_ssthresh = max((__u32)(p->frac_cwnd >> PRAGUE_SHIFT), (__u32)PRAGUE_MIN_CWND);
-	} else if (new_state == TCP_CA_Recovery && old_state < TCP_CA_CWR) {
-		prague_halve(p, tp);
-	} else if (new_state == TCP_CA_Recovery) {
-		p->in_loss = 1;	/* CWR has reduced already in this window, as the kernel's own rule */
-	} else if (new_state == TCP_CA_Loss && old_state != TCP_CA_Loss) {
-		prague_halve(p, tp);	/* the kernel sets cwnd to 1: cwnd climbs back to the halved window */
+		p->cwr_frac = p->frac_cwnd;
+		if (tp->delivered_ce != p->prior_ce) {
+			/* CE on this ACK (counted before cong_control runs): frac -= frac x alpha / 2 */
+			prague_cut(p, tp, p->frac_cwnd - min((p->frac_cwnd * p->alpha) >> (PRAGUE_SHIFT + 1),
+							     p->frac_cwnd));
+			p->reductions += 1;
+		} else {
+			/* a loss a tail-loss probe repaired, or local congestion: halve, as for a loss */
+			prague_cut(p, tp, p->frac_cwnd >> 1);
+		}
+	} else if (new_state == TCP_CA_Recovery && old_state != TCP_CA_Recovery) {
+		prague_halve(p, tp, old_state == TCP_CA_CWR ? p->cwr_frac : p->frac_cwnd);
+	} else if (new_state == TCP_CA_Loss) {
+		p->in_loss = 1;	/* the cut is CA_EVENT_LOSS's, which comes only when the kernel cuts */
 	} else if (new_state == TCP_CA_Open) {
 		p->in_loss = 0;
 	}
+}
+
+static __always_inline void prague_set_ece(struct tcp_sock *tp, __u8 ce)
+{
+	if (ce)
+		tp->ecn_flags |= TCP_ECN_DEMAND_CWR;
+	else
+		tp->ecn_flags &= ~TCP_ECN_DEMAND_CWR;
 }
 
 /* The receiver's ECE: on exactly the ACKs of CE-marked data (DCTCP's dctcp_ece_ack_update()). */
@@ -190,26 +213,26 @@ void BPF_PROG(prague_cwnd_event, struct sock *sk, int event)
 	struct prague *p = inet_csk_ca(sk);
 	__u8 ce_state;
 
+	if (event == CA_EVENT_LOSS) {
+		/* an RTO, once per window as tcp_enter_loss() cuts (dctcp_cwnd_event() too); cwnd is 1 now and
+		 * climbs back to the halved window */
+		prague_halve(p, tp, p->frac_cwnd);
+		return;
+	}
 	if (event != CA_EVENT_ECN_IS_CE && event != CA_EVENT_ECN_NO_CE)
 		return;
 	ce_state = event == CA_EVENT_ECN_IS_CE;
 	if (p->ce_state != ce_state) {
 		if (icsk->icsk_ack.pending & ICSK_ACK_TIMER) {
 			/* the delayed ACK covers data of the old state: send it now, with the old ECE */
-			if (p->ce_state)
-				tp->ecn_flags |= TCP_ECN_DEMAND_CWR;
-			else
-				tp->ecn_flags &= ~TCP_ECN_DEMAND_CWR;
+			prague_set_ece(tp, p->ce_state);
 			bpf_tcp_send_ack(tp, p->prior_rcv_nxt);
 		}
 		icsk->icsk_ack.pending |= ICSK_ACK_NOW;
 	}
 	p->prior_rcv_nxt = tp->rcv_nxt;
 	p->ce_state = ce_state;
-	if (ce_state)
-		tp->ecn_flags |= TCP_ECN_DEMAND_CWR;
-	else
-		tp->ecn_flags &= ~TCP_ECN_DEMAND_CWR;
+	prague_set_ece(tp, ce_state);
 }
 
 /* What the kernel keeps as ssthresh when it enters CWR, Recovery or Loss; set_state sets the real one. */
