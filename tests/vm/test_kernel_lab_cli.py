@@ -79,6 +79,8 @@ def test_missing_kernel_package_is_one_error_line(tmp_path: Path) -> None:
     ["run", "--timeout", "soon", "--", "true"],
     ["run", "--env", "NOEQUALS", "--", "true"],
     ["fetch", "--package", "not-a-kernel"],
+    ["fetch", "--kernel", "9.9"],
+    ["run", "--kernel", "5.10", "--", "true"],
     ["explode"],
 ])
 def test_bad_input_is_one_error_line(args: list[str], tmp_path: Path) -> None:

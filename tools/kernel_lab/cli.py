@@ -14,6 +14,7 @@ from . import EXIT_LAB, LabError, cache_dir, initramfs, kernel, prereqs, vm
 
 USAGE_EXAMPLES = """examples:
   tools/kernel-lab fetch                      download the newest linux-image-6.1.0-*-amd64 into the cache
+  tools/kernel-lab fetch --kernel 7.2         sid's 7.2 (codel, fq_codel, pie, cake, dctcp, AccECN)
   tools/kernel-lab info                       what is cached, which modules load
   tools/kernel-lab run -- uname -r            boot, run a command inside, exit with its status
   tools/kernel-lab run --share /tmp/out -- sh -c 'tc qdisc add dev lo root netem delay 5ms; ...'
@@ -30,11 +31,15 @@ def _parser() -> argparse.ArgumentParser:
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="action", required=True, parser_class=_Parser)
     fetch = sub.add_parser("fetch", help="download and unpack the kernel, build the initramfs")
-    fetch.add_argument("--package", help="a kernel image package (default: newest linux-image-6.1.0-*-amd64)")
+    fetch.add_argument("--package", help="a kernel image package (default: the series' newest)")
     fetch.add_argument("--refresh", action="store_true", help="look for a newer package than the cached one")
     info = sub.add_parser("info", help="show the cached kernel and its modules")
     info.add_argument("--json", action="store_true")
     run = sub.add_parser("run", help="boot and run COMMAND in the guest; exit with its status")
+    known = ", ".join(f"{s.name} ({s.suite})" for s in kernel.SERIES.values())
+    for action in (fetch, info, run):
+        action.add_argument("--kernel", default=kernel.DEFAULT_SERIES, metavar="SERIES",
+                            help=f"the kernel series: {known} (default {kernel.DEFAULT_SERIES})")
     run.add_argument("--timeout", type=float, default=600.0, help="seconds for boot and command (default 600)")
     run.add_argument("--memory", type=int, default=2048, help="guest memory in MiB (default 2048)")
     run.add_argument("--cpus", type=int, default=2, help="guest CPUs (default 2)")
@@ -47,22 +52,22 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _prepare() -> tuple[kernel.Kernel, object]:
+def _prepare(series: str) -> tuple[kernel.Kernel, object]:
     prereqs.ensure()
-    k = kernel.fetch()
+    k = kernel.fetch(series)
     return k, initramfs.ensure(k)
 
 
 def _fetch(args: argparse.Namespace) -> int:
     prereqs.ensure()
-    k = kernel.fetch(package=args.package, refresh=args.refresh)
+    k = kernel.fetch(args.kernel, package=args.package, refresh=args.refresh)
     initrd = initramfs.ensure(k)
     print(f"kernel-lab: {k.package} ready: {k.vmlinuz} {initrd}")
     return 0
 
 
 def _info(args: argparse.Namespace) -> int:
-    k = kernel.cached()
+    k = kernel.cached(kernel.series(args.kernel).name)
     qemu = subprocess.run([vm.QEMU, "--version"], capture_output=True, text=True, check=False) \
         if shutil.which(vm.QEMU) else None
     data: dict[str, object] = {
@@ -88,7 +93,7 @@ def _info(args: argparse.Namespace) -> int:
         shown = " ".join(value) if isinstance(value, list) else value
         print(f"{key + ':':24} {shown if shown not in (None, '') else '-'}")
     if not k:
-        print("(nothing cached yet: run tools/kernel-lab fetch)")
+        print(f"(nothing cached yet: run tools/kernel-lab fetch --kernel {args.kernel})")
     return 0
 
 
@@ -109,7 +114,7 @@ def _run(args: argparse.Namespace) -> int:
         # The guest reads modules from the cache through the host root, where these are its own tmpfs.
         raise LabError(f"the cache {cache_dir()} is under {hidden[0]}, which the guest does not see; "
                        "set KERNEL_LAB_CACHE elsewhere", 2)
-    k, initrd = _prepare()
+    k, initrd = _prepare(args.kernel)
     spec = vm.RunSpec(argv=command, cwd=args.cwd or os.getcwd(), timeout=args.timeout,
                       memory_mb=args.memory, cpus=args.cpus, env=env, show_console=args.console,
                       shares=[os.path.abspath(s) for s in args.share])

@@ -16,16 +16,15 @@ from . import PACKAGE_DIR, LabError
 from .kernel import Kernel
 from .prereqs import BUSYBOX
 
-# Needed to mount the host root: a missing one is an error unless built in.
-BOOT_MODULES = (
-    "virtio_ring", "virtio", "virtio_pci_modern_dev", "virtio_pci_legacy_dev", "virtio_pci",
-    "9pnet", "9pnet_virtio", "netfs", "fscache", "9p",
-)
+# Needed to mount the host root: a missing one is an error unless built in. What they need comes with them
+# from modules.dep (9p needs netfs and fscache on 6.1, netfs alone since fscache moved into it in 6.12).
+BOOT_MODULES = ("virtio_ring", "virtio", "virtio_pci", "9pnet", "9pnet_virtio", "9p")
 # What ccscope's tests and emulation use; each is skipped when built in or absent. Anything else
 # still loads on demand (the guest kernel's modprobe helper reads the cached module tree).
 NET_MODULES = (
     "sch_netem", "sch_fq", "sch_tbf", "sch_htb", "sch_prio", "sch_ingress", "veth", "ifb",
-    "tcp_vegas", "tcp_westwood", "tcp_bbr",
+    "tcp_vegas", "tcp_westwood", "tcp_bbr", "tcp_dctcp",
+    "sch_codel", "sch_fq_codel", "sch_pie", "sch_fq_pie", "sch_cake", "sch_dualpi2",
     "act_mirred", "cls_u32", "cls_bpf", "cls_matchall",
     "nfnetlink_queue", "nf_tables", "nft_compat", "nft_queue", "xt_NFQUEUE", "xt_statistic",
     "iptable_filter", "iptable_mangle", "ip6table_filter", "ip6table_mangle",

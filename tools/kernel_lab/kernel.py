@@ -1,4 +1,12 @@
-"""Fetch a stock Debian kernel package with apt, unpack it (no install) and index its modules."""
+"""Fetch a stock Debian kernel with the lab's own apt configuration, unpack it (no install), index its modules.
+
+The lab never touches the host's apt: its sources (bookworm, bookworm-security and sid on deb.debian.org,
+signed by the host's Debian archive keyring), package lists and downloads live under the cache directory
+(`apt/`), and every apt command runs with APT_CONFIG pointing there. A kernel series names which suite and
+which image packages serve it (SERIES). sid splits a kernel into linux-binary (vmlinuz), linux-modules and
+linux-base (config, modules.builtin) under /usr/lib/modules/VERSION, which the image package depends on;
+unpacking puts them where bookworm's packages have them (boot/, lib/modules/VERSION/).
+"""
 
 from __future__ import annotations
 
@@ -16,15 +24,41 @@ from pathlib import Path
 
 from . import LabError, cache_dir
 
-DEFAULT_PATTERN = r"^linux-image-6\.1\.0-[0-9]+-amd64$"
-PACKAGE_RE = re.compile(r"^linux-image-(?P<version>[0-9][0-9.]*-[0-9]+-[a-z0-9]+)$")
+
+@dataclass(frozen=True)
+class Series:
+    name: str  # what --kernel takes
+    suite: str  # the Debian suite that serves it
+    pattern: str  # the image packages of the series (a regular expression)
+
+
+SERIES = {s.name: s for s in (
+    Series("6.1", "bookworm", r"^linux-image-6\.1\.0-[0-9]+-amd64$"),
+    Series("6.12", "bookworm", r"^linux-image-6\.12\.[0-9]+\+deb12-amd64$"),
+    # sid's: codel, fq_codel, pie, fq_pie, cake, dctcp, AccECN (see docs/kernel-lab.md)
+    Series("7.2", "sid", r"^linux-image-7\.2\.[0-9]+\+deb14-amd64$"),
+)}
+DEFAULT_SERIES = "6.1"
+PACKAGE_RE = re.compile(r"^linux-image-(?P<version>[0-9][0-9.]*(-[0-9]+|\+deb[0-9]+)-[a-z0-9]+)$")
+ARCHIVE = "http://deb.debian.org/debian"
+KEYRING = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
+SOURCES = "".join(f"deb [signed-by={KEYRING}] {uri} {suite} main\n" for uri, suite in (
+    (ARCHIVE, "bookworm"), (ARCHIVE, "bookworm-updates"), (ARCHIVE, "sid"),
+    ("http://deb.debian.org/debian-security", "bookworm-security")))
+
+
+def series(name: str) -> Series:
+    try:
+        return SERIES[name]
+    except KeyError:
+        raise LabError(f"no kernel series {name} (known: {', '.join(SERIES)})", 2) from None
 
 
 @dataclass(frozen=True)
 class Kernel:
-    version: str  # e.g. 6.1.0-56-amd64
+    version: str  # e.g. 6.1.0-56-amd64, 7.2.13+deb14-amd64
     package: str
-    root: Path  # the unpacked package: boot/, lib/modules/<version>/
+    root: Path  # the unpacked packages: boot/, lib/modules/<version>/
 
     @property
     def vmlinuz(self) -> Path:
@@ -37,6 +71,10 @@ class Kernel:
     @property
     def config(self) -> Path:
         return self.root / "boot" / f"config-{self.version}"
+
+    @property
+    def ready(self) -> bool:
+        return self.vmlinuz.is_file() and (self.modules_dir / "modules.dep").is_file()
 
 
 @contextlib.contextmanager
@@ -53,45 +91,89 @@ def locked() -> Iterator[None]:
         yield
 
 
+def _apt_dir() -> Path:
+    return cache_dir() / "apt"
+
+
+def _apt_env() -> dict[str, str]:
+    """The lab's own apt configuration, written on first use."""
+    base = _apt_dir()
+    conf = base / "apt.conf"
+    settings = {
+        "Dir::Etc::sourcelist": base / "sources.list", "Dir::Etc::sourceparts": base / "sources.list.d",
+        "Dir::Etc::parts": base / "apt.conf.d", "Dir::Etc::preferencesparts": base / "preferences.d",
+        "Dir::State": base / "state", "Dir::State::lists": base / "lists", "Dir::State::status": base / "status",
+        "Dir::Cache": base / "cache",
+    }
+    text = "".join(f'{key} "{value}";\n' for key, value in settings.items())
+    # The archive served here is a snapshot whose Release files are past their Valid-Until date.
+    text += 'Acquire::Check-Valid-Until "false";\nAcquire::Languages "none";\nAPT::Architectures { "amd64"; };\n'
+    if not conf.is_file() or conf.read_text() != text or (base / "sources.list").read_text() != SOURCES:
+        subdirs = ("sources.list.d", "apt.conf.d", "preferences.d", "state", "lists/partial", "cache/archives/partial")
+        for sub in subdirs:
+            (base / sub).mkdir(parents=True, exist_ok=True)
+        (base / "status").touch()
+        (base / "sources.list").write_text(SOURCES)
+        conf.write_text(text)
+    return {**os.environ, "APT_CONFIG": str(conf)}
+
+
 def _sort_key(package: str) -> tuple[int, ...]:
     return tuple(int(n) for n in re.findall(r"\d+", package))
 
 
-def _apt_candidates(pattern: str) -> list[str]:
+def _apt(argv: list[str], what: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """An apt command under the lab's own configuration; a failure is one LabError line."""
     try:
-        out = subprocess.run(["apt-cache", "search", "--names-only", pattern],
-                             capture_output=True, text=True, check=False).stdout
-    except OSError:
-        raise LabError("apt-cache not found: the lab fetches Debian kernel packages with apt", 3) from None
+        result = subprocess.run(argv, cwd=cwd, env=_apt_env(), capture_output=True, text=True, check=False)
+    except OSError as err:
+        raise LabError(f"{what}: cannot run {argv[0]}: {err.strerror} (the lab fetches kernels with apt)", 3) \
+            from None
+    if result.returncode != 0:
+        lines = (result.stderr.strip() or result.stdout.strip() or "no output").splitlines()
+        errors = [line for line in lines if line.startswith(("E:", "W:"))] or lines
+        raise LabError(f"{what} failed: {errors[-1].strip()}", 3)
+    return result
+
+
+def _update_lists() -> None:
+    print(f"kernel-lab: refreshing the lab's package lists ({ARCHIVE})", file=sys.stderr, flush=True)
+    _apt(["apt-get", "update", "-q"], "apt-get update (the lab's sources)")
+
+
+def _apt_candidates(pattern: str) -> list[str]:
+    out = _apt(["apt-cache", "search", "--names-only", pattern], "apt-cache search").stdout
     names = [line.split(" - ", 1)[0].strip() for line in out.splitlines()]
     return sorted((n for n in names if re.search(pattern, n)), key=_sort_key)
 
 
-def newest_package(pattern: str = DEFAULT_PATTERN) -> str:
-    """The newest package matching `pattern` that apt knows; refreshes the lists once if none."""
-    candidates = _apt_candidates(pattern)
-    if not candidates and os.geteuid() == 0:
-        subprocess.run(["apt-get", "update", "-qq"], capture_output=True, check=False)
-        candidates = _apt_candidates(pattern)
+def _have_lists() -> bool:
+    return any((_apt_dir() / "lists").glob("*_Packages*"))
+
+
+def newest_package(chosen: Series) -> str:
+    """The newest image package of the series that the lab's lists know; refreshes them once if none."""
+    candidates = _apt_candidates(chosen.pattern) if _have_lists() else []
     if not candidates:
-        raise LabError(f"apt knows no kernel package matching {pattern} (try: apt-get update)", 3)
+        _update_lists()
+        candidates = _apt_candidates(chosen.pattern)
+    if not candidates:
+        raise LabError(f"Debian {chosen.suite} has no kernel package matching {chosen.pattern}", 3)
     return candidates[-1]
 
 
-def _current_file() -> Path:
-    return cache_dir() / "current"
+def _current_file(chosen: Series) -> Path:
+    return cache_dir() / f"current-{chosen.name}"
 
 
-def cached() -> Kernel | None:
-    """The kernel the last fetch chose, if its files are still there."""
+def cached(series_name: str = DEFAULT_SERIES) -> Kernel | None:
+    """The kernel of the series that the last fetch chose, if its files are still there."""
     try:
-        package = _current_file().read_text().strip()
+        package = _current_file(series(series_name)).read_text().strip()
     except OSError:
         return None
     kernel = _kernel_for(package)
-    if kernel.vmlinuz.is_file() and (kernel.modules_dir / "modules.dep").is_file():
-        return kernel
-    return None
+    return kernel if kernel.ready else None
 
 
 def _kernel_for(package: str) -> Kernel:
@@ -102,32 +184,32 @@ def _kernel_for(package: str) -> Kernel:
     return Kernel(version=version, package=package, root=cache_dir() / version / "root")
 
 
-def fetch(package: str | None = None, refresh: bool = False) -> Kernel:
-    """Return a cached kernel, downloading and unpacking it first when needed."""
+def _series_of(package: str) -> Series:
+    for candidate in SERIES.values():
+        if re.search(candidate.pattern, package):
+            return candidate
+    raise LabError(f"{package} is in no kernel series the lab knows ({', '.join(SERIES)})", 2)
+
+
+def fetch(series_name: str = DEFAULT_SERIES, package: str | None = None, refresh: bool = False) -> Kernel:
+    """Return a cached kernel of the series (or the given package), downloading and unpacking it when needed."""
+    chosen = _series_of(package) if package else series(series_name)
     if package is None and not refresh:
-        kernel = cached()
+        kernel = cached(chosen.name)
         if kernel:
             return kernel
     with locked():
-        chosen = package is None
-        if chosen:
-            kernel = cached() if not refresh else None
+        if package is None:
+            kernel = cached(chosen.name) if not refresh else None
             if kernel:
                 return kernel
-            package = newest_package()
+            if refresh:
+                _update_lists()
+            package = newest_package(chosen)
         kernel = _kernel_for(package)
-        if not (kernel.vmlinuz.is_file() and (kernel.modules_dir / "modules.dep").is_file()):
-            try:
-                _download_and_unpack(kernel)
-            except LabError:
-                if not chosen or os.geteuid() != 0:
-                    raise
-                # Stale apt lists name a package the mirror no longer has: refresh and choose again.
-                subprocess.run(["apt-get", "update", "-qq"], capture_output=True, check=False)
-                kernel = _kernel_for(newest_package())
-                _download_and_unpack(kernel)
-            package = kernel.package
-        _current_file().write_text(package + "\n")
+        if not kernel.ready:
+            _download_and_unpack(kernel)
+        _current_file(chosen).write_text(package + "\n")
         return kernel
 
 
@@ -138,40 +220,55 @@ def _run(cmd: list[str], what: str, cwd: Path | None = None) -> None:
         raise LabError(f"{what}: cannot run {cmd[0]}: {err.strerror}", 3) from None
     if result.returncode != 0:
         lines = (result.stderr.strip() or result.stdout.strip() or "no output").splitlines()
-        errors = [line for line in lines if line.startswith(("E:", "dpkg", "depmod"))] or lines
+        errors = [line for line in lines if line.startswith(("dpkg", "depmod"))] or lines
         raise LabError(f"{what} failed: {errors[-1].strip()}", 3)
 
 
-def _known_to_apt(package: str) -> bool:
-    result = subprocess.run(["apt-cache", "show", "--no-all-versions", package],
-                            capture_output=True, text=True, check=False)
-    return result.returncode == 0 and "Package:" in result.stdout
+def _packages_of(kernel: Kernel) -> list[str]:
+    """The image package and the packages of the same kernel it depends on (sid: binary, modules, base)."""
+    if not _have_lists():
+        _update_lists()
+    shown = _apt(["apt-cache", "show", "--no-all-versions", kernel.package], f"apt-cache show {kernel.package}")
+    depends = next((line.split(":", 1)[1] for line in shown.stdout.splitlines() if line.startswith("Depends:")), "")
+    names = {alt.split()[0] for item in depends.split(",") for alt in item.split("|") if alt.strip()}
+    return [kernel.package, *sorted(n for n in names if n.endswith(f"-{kernel.version}"))]
 
 
 def _download_and_unpack(kernel: Kernel) -> None:
-    if not _known_to_apt(kernel.package):
-        raise LabError(f"apt has no package {kernel.package} (list them: apt-cache search "
-                       f"'^linux-image-6.1.0-.*-amd64$'; or run apt-get update)", 3)
-    print(f"kernel-lab: fetching {kernel.package}", file=sys.stderr, flush=True)
+    packages = _packages_of(kernel)
+    print(f"kernel-lab: fetching {' '.join(packages)}", file=sys.stderr, flush=True)
     target = kernel.root.parent
     target.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target, prefix="fetch-") as tmp:
         work = Path(tmp)
         # apt drops privileges to _apt for downloads; a world-writable dir avoids its warning.
         os.chmod(work, 0o777)
-        _run(["apt-get", "download", "-q", kernel.package], f"apt-get download {kernel.package}", cwd=work)
-        debs = sorted(work.glob("*.deb"))
-        if not debs:
-            raise LabError(f"apt-get download {kernel.package} produced no .deb", 3)
+        _apt(["apt-get", "download", "-q", *packages], f"apt-get download {kernel.package}", cwd=work)
         unpacked = work / "root"
-        _run(["dpkg", "-x", str(debs[0]), str(unpacked)], f"dpkg -x {debs[0].name}")
+        for deb in sorted(work.glob("*.deb")):
+            _run(["dpkg", "-x", str(deb), str(unpacked)], f"dpkg -x {deb.name}")
+        _normalise_layout(unpacked, kernel.version)
         # The package ships no modules.dep: the postinst would make it.
         _run(["depmod", "-b", str(unpacked), kernel.version], "depmod")
         if kernel.root.exists():
             shutil.rmtree(kernel.root)
         unpacked.rename(kernel.root)
     if not kernel.vmlinuz.is_file():
-        raise LabError(f"{kernel.package} has no {kernel.vmlinuz.name}", 3)
+        raise LabError(f"{kernel.package} has no vmlinuz-{kernel.version}", 3)
+
+
+def _normalise_layout(root: Path, version: str) -> None:
+    """sid's packages put everything under usr/lib/modules/VERSION: move it where bookworm's are."""
+    usr_modules = root / "usr" / "lib" / "modules" / version
+    if not usr_modules.is_dir():
+        return
+    (root / "lib" / "modules").mkdir(parents=True, exist_ok=True)
+    usr_modules.rename(root / "lib" / "modules" / version)
+    moved = root / "lib" / "modules" / version
+    (root / "boot").mkdir(exist_ok=True)
+    for name in ("vmlinuz", "config", "System.map"):
+        if (moved / name).is_file():
+            (moved / name).rename(root / "boot" / f"{name}-{version}")
 
 
 def config_value(kernel: Kernel, option: str) -> str | None:
