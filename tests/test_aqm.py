@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from ccscope.emulation import Testbed, aqm, sojourn
+from ccscope.emulation import Testbed, aqm, kernel_aqm, sojourn
 from ccscope.emulation.profile import LinkProfile, PathProfile
 from ccscope.errors import PrerequisiteError, UsageError
 from ccscope.flows import decode
@@ -45,20 +45,28 @@ def test_an_aqm_is_named_with_its_parameters(raw, expected) -> None:
 @pytest.mark.parametrize(("data", "line"), [
     ({"rate": "10mbit", "aqm": "codle"},
      "profiles.x.up.aqm: 'codle' is not an AQM (known: fifo, codel, fq_codel, pie, fq_pie, cake, dualpi2)"),
-    ({"rate": "10mbit", "aqm": "cake"},
-     "profiles.x.up.aqm: cake is the kernel's alone (sch_cake, Linux 4.19 and later: Debian's and Ubuntu's stock "
-     "kernels have it), which ccscope does not put under its shaper yet; ccscope's delay line runs fifo, codel, "
-     "fq_codel, pie, fq_pie, dualpi2"),
+    ({"rate": "10mbit", "aqm": {"name": "cake", "implementation": "ccscope"}},
+     "profiles.x.up.aqm.implementation: ccscope's delay line has no cake (cake: the kernel's sch_cake alone "
+     "(Linux 4.19 and later; Debian's and Ubuntu's stock kernels have it), under the netem backend); it runs fifo, "
+     "codel, fq_codel, pie, fq_pie, dualpi2"),
+    ({"rate": "10mbit", "aqm": {"name": "dualpi2", "implementation": "kernel"}},
+     "profiles.x.up.aqm.implementation: ccscope puts only codel, fq_codel, pie, fq_pie, cake under the kernel's "
+     "shaper; dualpi2 runs in its delay line"),
+    ({"rate": "10mbit", "aqm": {"name": "codel", "implementation": "tc"}},
+     "profiles.x.up.aqm.implementation: 'tc' is not an implementation (known: auto, kernel, ccscope)"),
+    ({"rate": "10mbit", "aqm": {"name": "cake", "target": "5ms"}},
+     "profiles.x.up.aqm.target: unknown key for cake (known: name, implementation)"),
     ({"rate": "10mbit", "aqm": {"name": "dualpi2", "ecn": False}},
-     "profiles.x.up.aqm.ecn: unknown key for dualpi2 (known: name, target, tupdate, step, coupling, ecn_mask)"),
+     "profiles.x.up.aqm.ecn: unknown key for dualpi2 (known: name, target, tupdate, step, coupling, ecn_mask, "
+     "implementation)"),
     ({"rate": "10mbit", "aqm": {"name": "dualpi2", "ecn_mask": "ect1"}},
      "profiles.x.up.aqm.ecn_mask: 'ect1' is not a DualPI2 classifier (known: l4s_ect, cla_ect, any_ect)"),
     ({"rate": "10mbit", "aqm": {"name": "dualpi2", "coupling": 0.5}},
      "profiles.x.up.aqm.coupling: expected a number from 1 to 16 (RFC 9332: 2), got 0.5"),
     ({"rate": "10mbit", "aqm": {"name": "pie", "interval": "100ms"}},
-     "profiles.x.up.aqm.interval: unknown key for pie (known: name, target, tupdate, ecn)"),
+     "profiles.x.up.aqm.interval: unknown key for pie (known: name, target, tupdate, ecn, implementation)"),
     ({"rate": "10mbit", "aqm": {"name": "codel", "tagret": "5ms"}},
-     "profiles.x.up.aqm.tagret: unknown key for codel (known: name, target, interval, ecn)"),
+     "profiles.x.up.aqm.tagret: unknown key for codel (known: name, target, interval, ecn, implementation)"),
     ({"rate": "10mbit", "aqm": {"name": "codel", "target": "200ms"}},
      "profiles.x.up.aqm.target: 200ms is not below the interval 100ms (RFC 8289: 5 % to 10 % of it)"),
     ({"rate": "10mbit", "aqm": {"target": "5ms"}},
@@ -105,7 +113,52 @@ def test_dualpi2s_queues_apart() -> None:
 def test_a_path_profile_with_codel_both_ways() -> None:
     profile = PathProfile.from_dict("p", {"rate": "10mbit", "delay": "5ms", "aqm": "codel"}, "profiles.p")
     assert profile.up.aqm == profile.down.aqm == aqm.Aqm("codel", 0.005, 0.1)
-    assert json.dumps(profile.up.aqm.as_dict("ccscope"))
+    assert json.dumps(profile.up.aqm.as_dict())
+
+
+@pytest.mark.parametrize(("raw", "backend", "qdiscs", "implementation"), [
+    ("codel", "netem", {"netem", "tbf", "codel"}, "kernel"),  # auto: the kernel's where it runs
+    ("codel", "netem", {"netem", "tbf"}, "ccscope"),  # no sch_codel
+    ("codel", "userspace", {"tbf", "codel"}, "ccscope"),  # no netem: the delay line owns the link
+    ({"name": "codel", "implementation": "ccscope"}, "netem", {"netem", "tbf", "codel"}, "ccscope"),
+    ("dualpi2", "netem", {"netem", "tbf", "dualpi2"}, "ccscope"),  # the kernel's is not wired
+    ("cake", "netem", {"netem", "tbf", "cake"}, "kernel"),
+])
+def test_an_aqm_runs_in_the_kernel_where_netem_and_its_qdisc_are(raw, backend, qdiscs, implementation) -> None:
+    profile = PathProfile.from_dict("p", {"rate": "10mbit", "aqm": raw}, "profiles.p")
+    resolved = kernel_aqm.resolve(profile, backend, frozenset(qdiscs))
+    assert resolved.up.aqm.implementation == resolved.down.aqm.implementation == implementation
+    assert resolved.up.in_delayline is (implementation == "ccscope")
+    assert kernel_aqm.resolve(resolved, backend, frozenset(qdiscs)) == resolved  # a second resolve keeps it
+
+
+@pytest.mark.parametrize(("raw", "backend", "qdiscs", "line"), [
+    ({"name": "codel", "implementation": "kernel"}, "userspace", {"tbf", "codel"},
+     "profiles.p.up.aqm: the kernel's codel runs under the netem backend only (this run: userspace)"),
+    ({"name": "pie", "implementation": "kernel"}, "netem", {"netem", "tbf"},
+     "profiles.p.up.aqm: the kernel's pie is not in this kernel (sch_pie; Debian's and Ubuntu's stock kernels "
+     "have it, and tools/kernel-lab --kernel 7.2 boots one)"),
+    ("cake", "userspace", {"tbf"}, "profiles.p.up.aqm: the kernel's cake is not in this kernel (sch_cake; Debian's "
+     "and Ubuntu's stock kernels have it, and tools/kernel-lab --kernel 7.2 boots one)"),
+])
+def test_a_kernel_aqm_that_cannot_run_is_one_line(raw, backend, qdiscs, line) -> None:
+    profile = PathProfile.from_dict("p", {"rate": "10mbit", "aqm": raw}, "profiles.p")
+    with pytest.raises(PrerequisiteError) as info:
+        kernel_aqm.resolve(profile, backend, frozenset(qdiscs))
+    assert str(info.value) == line
+
+
+def test_the_kernels_codel_on_this_vm_is_refused_and_leaves_nothing() -> None:
+    """This VM has no sch_codel and no netem: `implementation: kernel` is one line from the testbed, before any
+    namespace is made."""
+    require_root()
+    profile = PathProfile.from_dict("k", {"rate": "10mbit", "aqm": {"name": "codel", "implementation": "kernel"}},
+                                    "profiles.k")
+    before = set(Path("/run/netns").iterdir()) if Path("/run/netns").exists() else set()
+    with pytest.raises(PrerequisiteError) as info, Testbed(profile):
+        pass
+    assert str(info.value).startswith("profiles.k.up.aqm: the kernel's codel ")
+    assert (set(Path("/run/netns").iterdir()) if Path("/run/netns").exists() else set()) == before
 
 
 def test_the_delay_line_refuses_codel_without_a_rate() -> None:

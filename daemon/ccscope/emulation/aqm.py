@@ -16,8 +16,11 @@ with a probability its PI controller updates every `tupdate` from the queue dela
 queues and round robin, with a PIE of its own per flow, as sch_fq_pie.c); DualPI2 puts ECT(1) and CE
 packets (`ecn_mask: l4s_ect`; `any_ect` adds ECT(0), as the kernel's option does) in an L queue marked at
 `coupling` x p and, past `step` of sojourn, always, and the rest in a C queue
-dropped or marked at p^2, the L queue served first but for 10 % of the link kept for C. The other AQMs the
-field uses are named here so that a scenario that asks for one gets one clear line, not "unknown key".
+dropped or marked at p^2, the L queue served first but for 10 % of the link kept for C.
+
+Where the kernel has the qdisc and the netem backend runs, the kernel's own runs instead, under the shaper
+(kernel_aqm.py): `implementation: auto` (the default) picks it there and ccscope's elsewhere; `kernel` or
+`ccscope` insists on one (the lab compares the two this way). `cake` is the kernel's alone.
 """
 
 from __future__ import annotations
@@ -30,6 +33,10 @@ from ccscope.units import format_seconds, parse_duration
 
 KNOWN = ("fifo", "codel", "fq_codel", "pie", "fq_pie", "cake", "dualpi2")
 IN_DELAYLINE = ("fifo", "codel", "fq_codel", "pie", "fq_pie", "dualpi2")
+# What the netem backend can put under its shaper where the kernel has the qdisc (kernel_aqm.py). The
+# kernel's dualpi2 (6.17 and later, often left out: Debian's 7.2 has none) is not wired yet.
+IN_KERNEL = ("codel", "fq_codel", "pie", "fq_pie", "cake")
+IMPLEMENTATIONS = ("auto", "kernel", "ccscope")
 # Each AQM's parameters and the kernel's defaults (codel_params_init: RFC 8289 section 4.2-4.3; sch_pie.c:
 # RFC 8033's; sch_dualpi2.c: RFC 9332's target with a 16 ms update and a 1 ms L step), and whether it marks
 # by default (codel and pie: off; fq_codel: `ecn` on; dualpi2 always marks, its L queue is ECN by definition).
@@ -39,6 +46,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "pie": {"target": 0.015, "tupdate": 0.015, "ecn": False},
     "fq_pie": {"target": 0.015, "tupdate": 0.015, "ecn": False},  # sch_fq_pie.c: pie's, per flow queue
     "dualpi2": {"target": 0.015, "tupdate": 0.016, "step": 0.001, "coupling": 2.0, "ecn_mask": "l4s_ect"},
+    "cake": {},  # the kernel's defaults: diffserv3 triple-isolate rtt 100ms
 }
 # DualPI2's classifier (sch_dualpi2.c's TCA_DUALPI2_ECN_MASK): the L queue takes packets whose ECN field
 # shares a bit with the mask. any_ect lets a scalable sender that can only send ECT(0) (bpf prague on
@@ -61,6 +69,7 @@ class Aqm:
     step_s: float | None = None  # DualPI2: the L queue's sojourn past which every packet is marked
     coupling: float | None = None  # DualPI2: k, the L queue's marking k p against the C queue's p^2
     ecn_mask: str | None = None  # DualPI2: which ECN codepoints go to the L queue (ECN_MASKS)
+    implementation: str = "auto"  # kernel: the kernel's qdisc; ccscope: the delay line; auto: resolved per run
 
     @classmethod
     def parse(cls, raw: Any, where: str) -> Aqm | None:
@@ -74,22 +83,29 @@ class Aqm:
         name = _name(data.get("name"), where)
         defaults = DEFAULTS.get(name, {})
         for key in data:
-            if key != "name" and key not in defaults:
-                known = ", ".join(("name", *defaults))
+            if key not in ("name", "implementation") and key not in defaults:
+                known = ", ".join(("name", *defaults, *(("implementation",) if name != "fifo" else ())))
                 raise UsageError(f"{where}.{key}: unknown key for {name} (known: {known})")
+        implementation = _implementation(name, data.get("implementation", "auto"), f"{where}.implementation")
         if not defaults:
-            return cls(name)
+            return cls(name, implementation=implementation)
         values = {key: _parameter(key, data.get(key, default), f"{where}.{key}") for key, default in defaults.items()}
         if "interval" in values and values["target"] >= values["interval"]:
             raise UsageError(f"{where}.target: {format_seconds(values['target'])} is not below the interval "
                              f"{format_seconds(values['interval'])} (RFC 8289: 5 % to 10 % of it)")
         return cls(name, values["target"], values.get("interval"), values.get("ecn", name == "dualpi2"),
-                   values.get("tupdate"), values.get("step"), values.get("coupling"), values.get("ecn_mask"))
+                   values.get("tupdate"), values.get("step"), values.get("coupling"), values.get("ecn_mask"),
+                   implementation)
 
     @property
     def manages(self) -> bool:
-        """Anything but drop-tail: the delay line owns the bottleneck."""
+        """Anything but drop-tail."""
         return self.name != "fifo"
+
+    @property
+    def in_kernel(self) -> bool:
+        """The kernel's qdisc runs it (resolved: kernel_aqm.resolve); otherwise the delay line owns the bottleneck."""
+        return self.implementation == "kernel"
 
     def _durations(self) -> dict[str, float]:
         """Its duration parameters that apply, by name (the delay line's and tc's)."""
@@ -116,14 +132,14 @@ class Aqm:
             words.append("ecn")
         return " ".join(words)
 
-    def as_dict(self, implementation: str) -> dict:
+    def as_dict(self) -> dict:
         """results.json's record of it: the name, its parameters, and which implementation ran it
-        ("kernel": a qdisc; "ccscope": the delay line)."""
+        ("kernel": a qdisc; "ccscope": the delay line; "auto" where nothing ran yet)."""
         extra = {key: value for key, value in (("tupdate_s", self.tupdate_s), ("step_s", self.step_s),
                                                ("coupling", self.coupling), ("ecn_mask", self.ecn_mask))
                  if value is not None}
         return {"name": self.name, "target_s": self.target_s, "interval_s": self.interval_s, "ecn": self.ecn,
-                **extra, "implementation": implementation}
+                **extra, "implementation": self.implementation}
 
 
 # `ecn:` on a profile: what the sender's and receiver's TCP ask for and accept (net.ipv4.tcp_ecn, set in the
@@ -163,8 +179,20 @@ def _parameter(key: str, raw: Any, where: str) -> float | bool | str:
 def _name(raw: Any, where: str) -> str:
     if not isinstance(raw, str) or raw not in KNOWN:
         raise UsageError(f"{where}: {raw!r} is not an AQM (known: {', '.join(KNOWN)})")
-    if raw == "cake":
-        raise UsageError(f"{where}: cake is the kernel's alone (sch_cake, Linux 4.19 and later: Debian's and "
-                         f"Ubuntu's stock kernels have it), which ccscope does not put under its shaper yet; "
-                         f"ccscope's delay line runs {', '.join(IN_DELAYLINE)}")
+    return raw
+
+
+KERNEL_ONLY = ("cake: the kernel's sch_cake alone (Linux 4.19 and later; Debian's and Ubuntu's stock kernels "
+               "have it), under the netem backend")
+
+
+def _implementation(name: str, raw: Any, where: str) -> str:
+    if raw not in IMPLEMENTATIONS:
+        raise UsageError(f"{where}: {raw!r} is not an implementation (known: {', '.join(IMPLEMENTATIONS)})")
+    if raw == "ccscope" and name not in IN_DELAYLINE:
+        raise UsageError(f"{where}: ccscope's delay line has no {name} ({KERNEL_ONLY}); it runs "
+                         f"{', '.join(IN_DELAYLINE)}")
+    if raw == "kernel" and name not in IN_KERNEL:
+        raise UsageError(f"{where}: ccscope puts only {', '.join(IN_KERNEL)} under the kernel's shaper; "
+                         f"{name} runs in its delay line")
     return raw

@@ -4,7 +4,8 @@ Both backends put every impairment of a direction on the router namespace's egre
 direction, and keep the delay line separate from the bottleneck queue:
 
 - "netem": netem (delay, jitter, random loss) as the root qdisc with a large limit, so its tfifo is only
-  the delay line, and tbf (rate, burst, drop-tail bottleneck queue) as its child.
+  the delay line, and tbf (rate, burst, drop-tail bottleneck queue) as its child; an AQM the kernel has
+  replaces the drop-tail queue as tbf's child (kernel_aqm.py).
 - "userspace": for kernels without sch_netem. tbf (rate and bottleneck queue) stays in the kernel as
   root qdisc; delay, jitter and loss happen in ccscope-delayline, bound to an NFQUEUE queue that an
   iptables FORWARD rule in the router namespace feeds with that direction's packets. A Mahimahi trace
@@ -40,6 +41,8 @@ from pyroute2.netlink.rtnl import tcmsg
 from ccscope.errors import CcscopeError, PrerequisiteError
 from ccscope.hosttools import need, sh
 
+from . import kernel_aqm
+from .aqm import IN_KERNEL
 from .netns import iproute_in, ns_argv
 from .profile import ETH_FRAME, LinkProfile
 
@@ -49,7 +52,7 @@ NFQUEUE_MAXLEN = 1 << 17
 # netem keeps packets in order under jitter only when its own rate is set (it then schedules each packet
 # after the previous one); a rate far above any emulated link gives ordering without shaping.
 NETEM_ORDER_RATE_BPS = 32e9
-PROBED_QDISCS = ("netem", "tbf", "htb", "fq")
+PROBED_QDISCS = ("netem", "tbf", "htb", "fq", *IN_KERNEL)
 SHAPER_HANDLE = 0x20000  # tbf 2: or htb 2: -- the bottleneck; its drops include its children's
 BULK_LEAF, INTERACTIVE_LEAF = 0x30000, 0x40000  # drop-tail queues: the link's (3:) and isolate's (4:)
 INTERACTIVE_CLASS, BULK_CLASS = 0x20010, 0x20020
@@ -179,7 +182,9 @@ def apply_link(ipr: IPRoute, ifindex: int, link: LinkProfile, backend: str, base
         where = {"parent": tbf_parent} if tbf_parent else {}
         ipr.tc("add", "tbf", ifindex, handle=0x20000, **where, **params)
         installed["qdiscs"].append(f"tbf 2: rate {params['rate']} burst {params['burst']} limit {queue_bytes}")
-        if link.queue is not None and link.queue.packets is not None:
+        if link.aqm is not None and link.aqm.in_kernel:
+            installed["qdiscs"].append(kernel_aqm.apply(ipr, ifindex, link, base_rtt_s, parent=0x20001))
+        elif link.queue is not None and link.queue.packets is not None:
             # A queue in packets: a pfifo child counts packets (tbf's own limit counts bytes).
             ipr.tc("add", "pfifo", ifindex, parent=0x20001, handle=0x30000, limit=link.queue.packets)
             installed["qdiscs"].append(f"pfifo 3: limit {link.queue.packets}p")

@@ -26,7 +26,8 @@ Semantics
   bulk one 10 %, and either may use all of it when the other is idle. It needs a `rate` (not a trace).
 - `aqm` names the bottleneck queue's active queue management (aqm.py): `fifo` (drop-tail, the default),
   `codel`, `fq_codel`, `pie`, `fq_pie` or `dualpi2`; `queue` stays its hard limit (without it, the kernel's:
-  aqm.DEFAULT_LIMIT_PACKETS). An AQM link's rate and queue run in the delay line.
+  aqm.DEFAULT_LIMIT_PACKETS). An AQM link's rate and queue run in the delay line, or, under netem where
+  the kernel has the qdisc, in the kernel (kernel_aqm.py).
 - `ecn` (on the profile, not a direction) is what the endpoints' TCP negotiates: `off`, `on` or `accecn`
   (aqm.ENDPOINT_ECN), set in the scenario's namespaces only.
 
@@ -307,7 +308,7 @@ class LinkProfile:
         if isolate is not None and rate is None:
             raise UsageError(f"{where}.isolate: the queues share a bottleneck rate; give a rate")
         aqm = _check_aqm(data.get("aqm"), f"{where}.aqm", rate, trace, isolate)
-        if queue is None and aqm is not None and aqm.manages:
+        if queue is None and aqm is not None and aqm.name in DEFAULT_LIMIT_PACKETS:
             queue = QueueSize(packets=DEFAULT_LIMIT_PACKETS[aqm.name])
         return cls(rate_bps=rate, delay_s=delay, jitter_s=jitter, loss=loss, queue=queue, trace=trace,
                    isolate=isolate, aqm=aqm)
@@ -315,7 +316,7 @@ class LinkProfile:
     @property
     def in_delayline(self) -> bool:
         """The delay line owns this direction's bottleneck (its rate or trace, and its queue)."""
-        return self.trace is not None or (self.aqm is not None and self.aqm.manages)
+        return self.trace is not None or (self.aqm is not None and self.aqm.manages and not self.aqm.in_kernel)
 
     def effective_rate_bps(self) -> float | None:
         if self.trace is not None:

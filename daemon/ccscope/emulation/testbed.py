@@ -32,7 +32,7 @@ from ccscope.errors import CcscopeError, PrerequisiteError, UsageError
 from ccscope.host import algorithms, state
 from ccscope.hosttools import need, sh
 
-from . import aqm, backends, pathcheck, sojourn
+from . import aqm, backends, kernel_aqm, pathcheck, sojourn
 from .netns import iproute_in, ns_argv
 from .profile import ETH_FRAME, PathProfile
 
@@ -118,6 +118,7 @@ class Testbed:
         need("ip", "ethtool", "sysctl")
         caps = backends.probe_backends()
         self.backend = backends.choose_backend(self.requested_backend, caps)
+        self.profile = kernel_aqm.resolve(self.profile, self.backend, caps.qdiscs)
         if self.backend == "userspace" and any(link.delay_s or link.jitter_s or link.loss
                                                for link in (self.profile.up, self.profile.down)):
             need("iptables")
@@ -330,13 +331,16 @@ class Testbed:
             out = {}
             for direction, dev in egress.items():
                 idx = _ifindex(ipr, dev)
+                aqm_in_kernel = getattr(self.profile, direction).aqm
+                aqm_counts = kernel_aqm.counters(ipr, idx, aqm_in_kernel.name) \
+                    if aqm_in_kernel is not None and aqm_in_kernel.in_kernel else None
                 out[direction] = (backends.qdisc_stats_by_handle(ipr, idx), backends.class_stats(ipr, idx),
-                                  ipr.get_links(idx)[0].get_attr("IFLA_STATS64") or {})
+                                  ipr.get_links(idx)[0].get_attr("IFLA_STATS64") or {}, aqm_counts)
             return out
 
         kernel = iproute_in(self.router_ns, read)
         out: dict[str, dict[str, int]] = {}
-        for direction, (qd, classes, st64) in kernel.items():
+        for direction, (qd, classes, st64, aqm_counts) in kernel.items():
             # Parents count their children's drops: the shaper (tbf/htb 2:) holds every queue drop
             # once, and netem's own count is its random drops plus the shaper's.
             queue_drops = qd.get(backends.SHAPER_HANDLE, {}).get("drops", 0)
@@ -349,6 +353,9 @@ class Testbed:
                     c = classes.get(classid, {})
                     rec[f"{name}_packets"] = c.get("packets", 0)
                     rec[f"{name}_drops"] = c.get("drops", 0)
+            if aqm_counts is not None:  # the kernel's AQM: tbf's drops are its drops and its tail drops
+                rec["queue_drops"] = aqm_counts.pop("aqm_tail_drops", queue_drops)
+                rec.update(aqm_counts)
             dl = self._delaylines.get(direction)
             if dl is not None:
                 s = dl.stats()

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ccscope.emulation import sojourn
+from ccscope.emulation import backends, kernel_aqm, sojourn
+from ccscope.emulation.profile import PathProfile
 from ccscope.emulation.testbed import Testbed
 
 from .document import ResultsDocument
@@ -19,6 +20,19 @@ from .record import RunRecord
 from .recorder import FlowSeries
 from .spec import Scenario
 from .traffic import BulkFlow, TrafficResult, run_traffic
+
+
+def resolve_aqms(scenario: Scenario, backend: str | None) -> Scenario:
+    """The scenario with each AQM's implementation decided (the kernel's qdisc or the delay line), so that
+    results.json says which ran before the first run; a kernel AQM this kernel cannot run is refused here."""
+    if not any(isinstance(p, PathProfile) and link.aqm is not None and link.aqm.manages
+               for p in scenario.profiles.values() for link in (p.up, p.down)):
+        return scenario
+    caps = backends.probe_backends()
+    chosen = backends.choose_backend(backend or "auto", caps)
+    return replace(scenario, profiles={name: kernel_aqm.resolve(p, chosen, caps.qdiscs)
+                                       if isinstance(p, PathProfile) else p
+                                       for name, p in scenario.profiles.items()})
 
 
 @dataclass

@@ -141,7 +141,7 @@ def _profile_entry(p) -> dict:
     entry = {"description": p.describe(), "base_rtt_s": p.base_rtt_s, "bdp_bytes": p.bdp_bytes,
              "up_rate_bps": p.up.effective_rate_bps(), "down_rate_bps": p.down.effective_rate_bps(),
              "queue_bytes": p.up.queue_bytes(p.base_rtt_s)}
-    aqms = {direction: link.aqm.as_dict("ccscope" if link.in_delayline else "kernel")
+    aqms = {direction: link.aqm.as_dict()
             for direction, link in (("up", p.up), ("down", p.down)) if link.aqm is not None}
     if aqms:
         entry["aqm"] = aqms

@@ -30,7 +30,7 @@ from ccscope.units import parse_listen
 from ccscope.web.http import Limits
 
 from . import realrun, results, shard
-from .emulated import EmulatedPath
+from .emulated import EmulatedPath, resolve_aqms
 from .environment import now_iso
 from .lifecycle import Session, keep, run_unit
 from .progress import Progress
@@ -113,6 +113,7 @@ def run(scenario: Scenario, options: Options, finish=None) -> tuple[Path, dict]:
     if options.shard is not None:
         shard.positions(len(units), options.shard)  # a shard with no runs is refused before anything is made
     options.real = realrun.prepare(scenario)  # real paths: reachable, far end known, before anything is made
+    scenario = resolve_aqms(scenario, options.backend)  # the kernel's qdisc or ccscope's, before anything is made
     fresh = results.new_document(scenario, units, skipped, options.quick, options.backend)
     if options.shard is not None:
         shard.apply(fresh, options.shard)
