@@ -170,3 +170,12 @@ def mean_tolerance(cells: list[list[float]], a: list[float], b: list[float], rel
     squares = sum((v - statistics.fmean(cell)) ** 2 for cell in cells for v in cell)
     df = sum(len(cell) - 1 for cell in cells)
     return max(rel * statistics.fmean(a), T_999[df] * math.sqrt(squares / df) * math.sqrt(1 / len(a) + 1 / len(b)))
+
+
+def relative_tolerance(cells: list[list[float]], a: list[float], b: list[float], rel: float = 0.05) -> float:
+    """mean_tolerance for quantities whose spread grows with their size (the queueing delays and drop counts of
+    different AQMs): a run's deviation from its cell's mean is taken relative to that mean before pooling."""
+    squares = sum((v / statistics.fmean(cell) - 1) ** 2 for cell in cells for v in cell)
+    df = sum(len(cell) - 1 for cell in cells)
+    spread = T_999[df] * math.sqrt(squares / df) * math.sqrt(1 / len(a) + 1 / len(b))
+    return statistics.fmean(a) * max(rel, spread)

@@ -1,6 +1,7 @@
 """Tests that run inside a stock Debian kernel under qemu, through tools/kernel-lab.
 
-The lab fetches its kernel once into /var/cache/ccscope-kernel-lab; each test module boots it once
+The lab fetches its kernels once into /var/cache/ccscope-kernel-lab (6.1 by default; sid's 7.2 for the
+kernel's AQMs); each test module boots one once
 and batches its checks into that boot (TCG is slow). Under CI=true a missing prerequisite fails.
 """
 
@@ -19,6 +20,15 @@ def kernel_lab() -> Path:
     require(os.geteuid() == 0, "the kernel lab needs root (apt, BPF and namespaces in the guest)")
     fetched = lab("fetch", timeout=600)
     require(fetched.returncode == 0, f"tools/kernel-lab fetch failed: {fetched.stderr.strip()}")
+    return LAB
+
+
+@pytest.fixture(scope="session")
+def kernel_lab_sid() -> Path:
+    """The lab with Debian sid's 7.2 kernel (the kernel's AQM qdiscs, DCTCP, AccECN) cached."""
+    require(os.geteuid() == 0, "the kernel lab needs root (apt, BPF and namespaces in the guest)")
+    fetched = lab("fetch", "--kernel", "7.2", timeout=900)
+    require(fetched.returncode == 0, f"tools/kernel-lab fetch --kernel 7.2 failed: {fetched.stderr.strip()}")
     return LAB
 
 
