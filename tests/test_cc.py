@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ from ccscope.cc import registry
 TCP_CONGESTION = 13
 
 
-TEST_NAMES = ("bpf_westwood", "bpf_copa", "bpf_reno", "bpf_vegas")
+TEST_NAMES = ("bpf_westwood", "bpf_copa", "bpf_reno", "bpf_vegas", "bpf_prague")
 
 
 @pytest.fixture
@@ -124,6 +125,49 @@ def _one_line(res: subprocess.CompletedProcess) -> str:
     lines = [line for line in res.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr
     return lines[0]
+
+
+# In a namespace of its own: a listener (under `listener` if given, else the namespace's default) and a client
+# that asks for `client` before it connects, as a user's program would; prints what the connected client runs
+# and whether ECN was negotiated.
+PEERS = """
+import socket, sys
+client_cc, listener_cc = sys.argv[1:]
+with socket.socket() as server:
+    if listener_cc:
+        server.setsockopt(socket.IPPROTO_TCP, 13, listener_cc.encode())
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    client = socket.socket()
+    client.setsockopt(socket.IPPROTO_TCP, 13, client_cc.encode())
+    client.connect(server.getsockname())
+    peer, _ = server.accept()
+    runs = client.getsockopt(socket.IPPROTO_TCP, 13, 16).rstrip(b"\\0").decode()
+    options = client.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[5]  # tcpi_options
+    print(runs, "ecn" if options & 8 else "no-ecn")  # TCPI_OPT_ECN
+"""
+
+
+@pytest.mark.parametrize(("listener", "expected"), [("bpf_prague", "bpf_prague ecn"), ("", "reno no-ecn")])
+def test_prague_falls_back_to_reno_where_ecn_is_not_negotiated(env, listener: str, expected: str):
+    """prague needs ECN (TCP_CONG_NEEDS_ECN): it asks for it and sends even its SYN ECT(0), as dctcp does. The
+    kernel accepts an ECT SYN's request only at a listener whose own algorithm needs ECN (tcp_ecn_create_request;
+    RFC 3168 wants SYNs Not-ECT), so against a listener under the namespace's default prague's init finds no
+    ECN and hands the socket to the kernel's reno; against a prague listener it stays prague, ECN on. Read back
+    with getsockopt(TCP_CONGESTION) and TCP_INFO's options."""
+    ns = f"ccs-prague-{os.getpid()}"
+    proc, line = start_user(env, "bpf:prague")
+    try:
+        assert line == "bpf_prague=bpf", line
+        subprocess.run(["ip", "netns", "add", ns], check=True)
+        subprocess.run(["ip", "-n", ns, "link", "set", "lo", "up"], check=True)
+        ran = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", PEERS, "bpf_prague", listener],
+                             capture_output=True, text=True, timeout=30, env=env)
+        assert ran.stdout.strip() == expected, ran
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
+        stop_user(proc)
+    wait_for(lambda: "bpf_prague" not in available(), "bpf_prague to go")
 
 
 def test_bad_input_gives_one_line(ccscope_cmd, env: dict, tmp_path: Path):
