@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 
-from . import EXIT_LAB, LabError, cache_dir, initramfs, kernel, prereqs, vm
+from . import EXIT_LAB, LabError, cache_dir, extra_modules, initramfs, kernel, prereqs, vm
 
 USAGE_EXAMPLES = """examples:
   tools/kernel-lab fetch                      download the newest linux-image-6.1.0-*-amd64 into the cache
@@ -55,12 +55,23 @@ def _parser() -> argparse.ArgumentParser:
 def _prepare(series: str) -> tuple[kernel.Kernel, object]:
     prereqs.ensure()
     k = kernel.fetch(series)
+    _extra_modules(k, series)
     return k, initramfs.ensure(k)
+
+
+def _extra_modules(k: kernel.Kernel, series: str) -> None:
+    """What the series' config leaves out, built once; a failed build costs only those modules."""
+    try:
+        with kernel.locked():
+            extra_modules.ensure(k, series)
+    except LabError as err:
+        print(f"kernel-lab: warning: {err}; booting without it", file=sys.stderr)
 
 
 def _fetch(args: argparse.Namespace) -> int:
     prereqs.ensure()
     k = kernel.fetch(args.kernel, package=args.package, refresh=args.refresh)
+    _extra_modules(k, args.kernel)
     initrd = initramfs.ensure(k)
     print(f"kernel-lab: {k.package} ready: {k.vmlinuz} {initrd}")
     return 0

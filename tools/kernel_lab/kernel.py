@@ -122,7 +122,7 @@ def _sort_key(package: str) -> tuple[int, ...]:
     return tuple(int(n) for n in re.findall(r"\d+", package))
 
 
-def _apt(argv: list[str], what: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def apt_run(argv: list[str], what: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """An apt command under the lab's own configuration; a failure is one LabError line."""
     try:
         result = subprocess.run(argv, cwd=cwd, env=_apt_env(), capture_output=True, text=True, check=False)
@@ -138,11 +138,11 @@ def _apt(argv: list[str], what: str, cwd: Path | None = None) -> subprocess.Comp
 
 def _update_lists() -> None:
     print(f"kernel-lab: refreshing the lab's package lists ({ARCHIVE})", file=sys.stderr, flush=True)
-    _apt(["apt-get", "update", "-q"], "apt-get update (the lab's sources)")
+    apt_run(["apt-get", "update", "-q"], "apt-get update (the lab's sources)")
 
 
 def _apt_candidates(pattern: str) -> list[str]:
-    out = _apt(["apt-cache", "search", "--names-only", pattern], "apt-cache search").stdout
+    out = apt_run(["apt-cache", "search", "--names-only", pattern], "apt-cache search").stdout
     names = [line.split(" - ", 1)[0].strip() for line in out.splitlines()]
     return sorted((n for n in names if re.search(pattern, n)), key=_sort_key)
 
@@ -213,7 +213,7 @@ def fetch(series_name: str = DEFAULT_SERIES, package: str | None = None, refresh
         return kernel
 
 
-def _run(cmd: list[str], what: str, cwd: Path | None = None) -> None:
+def run_tool(cmd: list[str], what: str, cwd: Path | None = None) -> None:
     try:
         result = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=False)
     except OSError as err:
@@ -228,7 +228,7 @@ def _packages_of(kernel: Kernel) -> list[str]:
     """The image package and the packages of the same kernel it depends on (sid: binary, modules, base)."""
     if not _have_lists():
         _update_lists()
-    shown = _apt(["apt-cache", "show", "--no-all-versions", kernel.package], f"apt-cache show {kernel.package}")
+    shown = apt_run(["apt-cache", "show", "--no-all-versions", kernel.package], f"apt-cache show {kernel.package}")
     depends = next((line.split(":", 1)[1] for line in shown.stdout.splitlines() if line.startswith("Depends:")), "")
     names = {alt.split()[0] for item in depends.split(",") for alt in item.split("|") if alt.strip()}
     return [kernel.package, *sorted(n for n in names if n.endswith(f"-{kernel.version}"))]
@@ -243,13 +243,13 @@ def _download_and_unpack(kernel: Kernel) -> None:
         work = Path(tmp)
         # apt drops privileges to _apt for downloads; a world-writable dir avoids its warning.
         os.chmod(work, 0o777)
-        _apt(["apt-get", "download", "-q", *packages], f"apt-get download {kernel.package}", cwd=work)
+        apt_run(["apt-get", "download", "-q", *packages], f"apt-get download {kernel.package}", cwd=work)
         unpacked = work / "root"
         for deb in sorted(work.glob("*.deb")):
-            _run(["dpkg", "-x", str(deb), str(unpacked)], f"dpkg -x {deb.name}")
+            run_tool(["dpkg", "-x", str(deb), str(unpacked)], f"dpkg -x {deb.name}")
         _normalise_layout(unpacked, kernel.version)
         # The package ships no modules.dep: the postinst would make it.
-        _run(["depmod", "-b", str(unpacked), kernel.version], "depmod")
+        run_tool(["depmod", "-b", str(unpacked), kernel.version], "depmod")
         if kernel.root.exists():
             shutil.rmtree(kernel.root)
         unpacked.rename(kernel.root)

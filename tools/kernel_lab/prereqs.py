@@ -15,6 +15,10 @@ PACKAGES = {
     "busybox-static": None,  # the static busybox; the dynamic `busybox` package has the same path
     "cpio": "/usr/bin/cpio",
     "kmod": "/usr/sbin/depmod",
+    # building what a series' config leaves out (extra_modules.py)
+    "gcc": "/usr/bin/gcc",
+    "make": "/usr/bin/make",
+    "xz-utils": "/usr/bin/xz",
 }
 BUSYBOX = "/bin/busybox"
 
