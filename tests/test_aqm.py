@@ -49,9 +49,8 @@ def test_an_aqm_is_named_with_its_parameters(raw, expected) -> None:
      "profiles.x.up.aqm.implementation: ccscope's delay line has no cake (cake: the kernel's sch_cake alone "
      "(Linux 4.19 and later; Debian's and Ubuntu's stock kernels have it), under the netem backend); it runs fifo, "
      "codel, fq_codel, pie, fq_pie, dualpi2"),
-    ({"rate": "10mbit", "aqm": {"name": "dualpi2", "implementation": "kernel"}},
-     "profiles.x.up.aqm.implementation: ccscope puts only codel, fq_codel, pie, fq_pie, cake under the kernel's "
-     "shaper; dualpi2 runs in its delay line"),
+    ({"rate": "10mbit", "aqm": {"name": "fifo", "implementation": "kernel"}},
+     "profiles.x.up.aqm.implementation: unknown key for fifo (known: name)"),
     ({"rate": "10mbit", "aqm": {"name": "codel", "implementation": "tc"}},
      "profiles.x.up.aqm.implementation: 'tc' is not an implementation (known: auto, kernel, ccscope)"),
     ({"rate": "10mbit", "aqm": {"name": "cake", "target": "5ms"}},
@@ -121,7 +120,8 @@ def test_a_path_profile_with_codel_both_ways() -> None:
     ("codel", "netem", {"netem", "tbf"}, "ccscope"),  # no sch_codel
     ("codel", "userspace", {"tbf", "codel"}, "ccscope"),  # no netem: the delay line owns the link
     ({"name": "codel", "implementation": "ccscope"}, "netem", {"netem", "tbf", "codel"}, "ccscope"),
-    ("dualpi2", "netem", {"netem", "tbf", "dualpi2"}, "ccscope"),  # the kernel's is not wired
+    ("dualpi2", "netem", {"netem", "tbf", "dualpi2"}, "kernel"),
+    ({"name": "dualpi2", "coupling": 1.5}, "netem", {"netem", "tbf", "dualpi2"}, "ccscope"),  # the kernel's: a u8
     ("cake", "netem", {"netem", "tbf", "cake"}, "kernel"),
 ])
 def test_an_aqm_runs_in_the_kernel_where_netem_and_its_qdisc_are(raw, backend, qdiscs, implementation) -> None:
@@ -138,6 +138,8 @@ def test_an_aqm_runs_in_the_kernel_where_netem_and_its_qdisc_are(raw, backend, q
     ({"name": "pie", "implementation": "kernel"}, "netem", {"netem", "tbf"},
      "profiles.p.up.aqm: the kernel's pie is not in this kernel (sch_pie; Debian's and Ubuntu's stock kernels "
      "have it, and tools/kernel-lab --kernel 7.2 boots one)"),
+    ({"name": "dualpi2", "coupling": 1.5, "implementation": "kernel"}, "netem", {"netem", "tbf", "dualpi2"},
+     "profiles.p.up.aqm: the kernel's dualpi2 takes a whole coupling only, not 1.5"),
     ("cake", "userspace", {"tbf"}, "profiles.p.up.aqm: the kernel's cake is not in this kernel (sch_cake; Debian's "
      "and Ubuntu's stock kernels have it, and tools/kernel-lab --kernel 7.2 boots one)"),
 ])

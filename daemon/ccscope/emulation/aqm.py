@@ -33,9 +33,9 @@ from ccscope.units import format_seconds, parse_duration
 
 KNOWN = ("fifo", "codel", "fq_codel", "pie", "fq_pie", "cake", "dualpi2")
 IN_DELAYLINE = ("fifo", "codel", "fq_codel", "pie", "fq_pie", "dualpi2")
-# What the netem backend can put under its shaper where the kernel has the qdisc (kernel_aqm.py). The
-# kernel's dualpi2 (6.17 and later, often left out: Debian's 7.2 has none) is not wired yet.
-IN_KERNEL = ("codel", "fq_codel", "pie", "fq_pie", "cake")
+# What the netem backend can put under its shaper where the kernel has the qdisc (kernel_aqm.py); dualpi2 is
+# in mainline since 6.17 and often left out (Debian's 7.2 has none; the kernel lab builds it).
+IN_KERNEL = ("codel", "fq_codel", "pie", "fq_pie", "cake", "dualpi2")
 IMPLEMENTATIONS = ("auto", "kernel", "ccscope")
 # Each AQM's parameters and the kernel's defaults (codel_params_init: RFC 8289 section 4.2-4.3; sch_pie.c:
 # RFC 8033's; sch_dualpi2.c: RFC 9332's target with a 16 ms update and a 1 ms L step), and whether it marks
@@ -47,6 +47,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "fq_pie": {"target": 0.015, "tupdate": 0.015, "ecn": False},  # sch_fq_pie.c: pie's, per flow queue
     "dualpi2": {"target": 0.015, "tupdate": 0.016, "step": 0.001, "coupling": 2.0, "ecn_mask": "l4s_ect"},
     "cake": {},  # the kernel's defaults: diffserv3 triple-isolate rtt 100ms
+    "fifo": {},
 }
 # DualPI2's classifier (sch_dualpi2.c's TCA_DUALPI2_ECN_MASK): the L queue takes packets whose ECN field
 # shares a bit with the mask. any_ect lets a scalable sender that can only send ECT(0) (bpf prague on
@@ -82,10 +83,10 @@ class Aqm:
                              f"got {raw!r}")
         name = _name(data.get("name"), where)
         defaults = DEFAULTS.get(name, {})
+        keys = ("name", *defaults, *(("implementation",) if name != "fifo" else ()))
         for key in data:
-            if key not in ("name", "implementation") and key not in defaults:
-                known = ", ".join(("name", *defaults, *(("implementation",) if name != "fifo" else ())))
-                raise UsageError(f"{where}.{key}: unknown key for {name} (known: {known})")
+            if key not in keys:
+                raise UsageError(f"{where}.{key}: unknown key for {name} (known: {', '.join(keys)})")
         implementation = _implementation(name, data.get("implementation", "auto"), f"{where}.implementation")
         if not defaults:
             return cls(name, implementation=implementation)
@@ -192,7 +193,4 @@ def _implementation(name: str, raw: Any, where: str) -> str:
     if raw == "ccscope" and name not in IN_DELAYLINE:
         raise UsageError(f"{where}: ccscope's delay line has no {name} ({KERNEL_ONLY}); it runs "
                          f"{', '.join(IN_DELAYLINE)}")
-    if raw == "kernel" and name not in IN_KERNEL:
-        raise UsageError(f"{where}: ccscope puts only {', '.join(IN_KERNEL)} under the kernel's shaper; "
-                         f"{name} runs in its delay line")
     return raw

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pyroute2 import IPRoute
+from pyroute2.netlink.exceptions import NetlinkError
 
 from ccscope.errors import CcscopeError, PrerequisiteError, UsageError
 from ccscope.host import algorithms, state
@@ -211,7 +212,11 @@ class Testbed:
         def apply(ipr: IPRoute) -> None:
             for direction, link in (("up", self.profile.up), ("down", self.profile.down)):
                 idx = _ifindex(ipr, egress[direction])
-                self.installed[direction] = backends.apply_link(ipr, idx, link, self.backend, rtt)
+                try:
+                    self.installed[direction] = backends.apply_link(ipr, idx, link, self.backend, rtt)
+                except NetlinkError as err:  # a qdisc or a parameter this kernel does not take
+                    raise CcscopeError(f"the kernel refused the {direction} link's qdiscs "
+                                       f"({link.describe()}): {os.strerror(err.code)}") from None
 
         iproute_in(self.router_ns, apply)
         for queue_num, (direction, link) in enumerate((("up", self.profile.up), ("down", self.profile.down))):
