@@ -15,6 +15,7 @@ lab runs of this scenario, 2026-11-27), and the ping in fq_codel's own queue wai
 from __future__ import annotations
 
 import json
+import shlex
 import statistics
 from collections.abc import Callable
 from pathlib import Path
@@ -26,23 +27,36 @@ from labhelpers import PYTHON, ROOT, lab
 pytestmark = pytest.mark.stock_kernel
 
 SCENARIO = ROOT / "tests" / "vm" / "aqm-fidelity.yaml"
+L4S_SCENARIO = ROOT / "tests" / "vm" / "l4s-fidelity.yaml"
 AQMS = ("codel", "fq_codel", "pie")
 BASE_RTT_MS = 40.0
 PACKET_MS = 1514 * 8 / 2e6 * 1e3  # one full frame's time on the 2 Mbit/s wire: 6.1 ms
 TCP_MAX_BPS = 2e6 * 1448 / 1514  # TCP payload over full frames at the layer-2 rate
 
 
+def _scenario(path: Path, out: Path) -> str:
+    argv = [str(PYTHON), "-m", "ccscope.cli", "scenario", "run", str(path), "--out", str(out), "--listen", "off",
+            "--no-report", "--no-verify"]
+    return shlex.join(argv)
+
+
 @pytest.fixture(scope="module")
-def runs(kernel_lab_sid: Path, bpf_object: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+def lab_runs(kernel_lab_sid: Path, bpf_object: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    """Both scenarios in one boot: {"aqm": results.json of aqm-fidelity.yaml, "l4s": of l4s-fidelity.yaml}."""
     share = tmp_path_factory.mktemp("aqm-fidelity")
-    out = share / "r"
+    outs = {"aqm": (SCENARIO, share / "aqm"), "l4s": (L4S_SCENARIO, share / "l4s")}
+    script = " && ".join(_scenario(path, out) for path, out in outs.values())
     ran = lab("run", "--kernel", "7.2", "--share", str(share), "--timeout", "840", "--cwd", str(ROOT), "--",
-              str(PYTHON), "-m", "ccscope.cli", "scenario", "run", str(SCENARIO), "--out", str(out),
-              "--listen", "off", "--no-report", "--no-verify", timeout=900)
-    if ran.returncode != 0 or not (out / "results.json").exists():
-        pytest.fail(f"the AQM fidelity scenario did not complete in the lab (status {ran.returncode}): "
+              "sh", "-c", script, timeout=900)
+    if ran.returncode != 0 or not all((out / "results.json").exists() for _, out in outs.values()):
+        pytest.fail(f"the AQM fidelity scenarios did not complete in the lab (status {ran.returncode}): "
                     f"{ran.stderr.strip()[-2000:]}")
-    return json.loads((out / "results.json").read_text())
+    return {name: json.loads((out / "results.json").read_text()) for name, (_, out) in outs.items()}
+
+
+@pytest.fixture(scope="module")
+def runs(lab_runs: dict[str, dict]) -> dict:
+    return lab_runs["aqm"]
 
 
 def _runs(doc: dict, aqm: str, implementation: str) -> list[dict]:
@@ -80,12 +94,17 @@ METRICS: dict[str, Callable[[dict], float]] = {
 
 @pytest.mark.parametrize("aqm", AQMS)
 def test_goodput_agrees(runs, aqm: str) -> None:
-    """The means of the two implementations' runs within 5 %, or the 99.9 % t bound of the runs' spread pooled
-    over all six cells (cchelpers.mean_tolerance). Measured: the kernel's 1.90-1.92 Mbit/s in every run, the
-    delay line's 1.84-1.88 (TCG: see the module docstring), a gap of 2-3.5 %."""
+    """The means of the two implementations' runs within 8 %, or the 99.9 % t bound of the runs' spread pooled
+    over all six cells (cchelpers.mean_tolerance). The floor is not the runs' spread (the kernel's runs lie
+    within 1 % of each other) but the delay line's deficit under TCG: the kernel delivered 1.89-1.92 Mbit/s in
+    every run, the delay line 1.84-1.89 under codel and fq_codel and 1.78-1.88 under PIE, whose drops empty the
+    6.6-packet path more often (a gap of 5.7 % at most over three lab runs of 6 s, 3.4 % over two of 8 s). A
+    PIE target raised by the 6 ms that tbf's early dequeue takes from the kernel's sojourns (kernel_aqm.py)
+    closed about half of it (1.85 Mbit/s against 1.81 at 15 ms and the kernel's 1.90, three runs each, within
+    their spread of each other)."""
     cells = _metric_cells(runs, lambda r: r["flows"][0]["goodput_bps"])
     a, b = cells[(aqm, "kernel")], cells[(aqm, "ccscope")]
-    tolerance = mean_tolerance(list(cells.values()), a, b)
+    tolerance = mean_tolerance(list(cells.values()), a, b, rel=0.08)
     assert abs(statistics.fmean(b) - statistics.fmean(a)) <= tolerance, (a, b, tolerance)
 
 
@@ -128,7 +147,82 @@ def test_the_aqms_counts_match_the_endpoints(runs, aqm: str) -> None:
                 # it drops only what cannot carry a mark (Not-ECT: a SYN, a FIN, a pure ACK, a ping; one
                 # such drop in one of 8 runs), and the flow loses nothing
                 assert up["aqm_drops"] <= lost_pings + 2 and flow["retransmits"] == 0, (up, flow["retransmits"])
-                assert flow["delivered_ce_packets"] == up["aqm_marks"], (implementation, flow, up)
+                # every mark counted at the receiver, give or take iperf3's control connection, which
+                # negotiates AccECN too (measured: equal in 7 of 8 runs, one apart in the eighth)
+                assert 0 <= up["aqm_marks"] - flow["delivered_ce_packets"] <= 2, (implementation, flow, up)
             else:
                 assert flow["retransmits"] <= up["aqm_drops"] <= flow["retransmits"] + lost_pings + 2, \
                     (implementation, up, flow["retransmits"], lost_pings)
+
+
+# --- DualPI2: the kernel's sch_dualpi2 (built by the lab) against ccscope's, prague and cubic together ------
+
+def _dualpi2_runs(lab_runs: dict[str, dict], implementation: str) -> list[tuple[dict, dict, dict]]:
+    """(run, prague's flow, cubic's flow) of each run of the implementation."""
+    out = []
+    for run in lab_runs["l4s"]["runs"]:
+        if run["profile"] == f"dualpi2-{implementation}":
+            flows = {f["algorithm"]: f for f in run["flows"]}
+            out.append((run, flows["prague"], flows["cubic"]))
+    return out
+
+
+def test_dualpi2_ran_where_it_was_asked_to(lab_runs) -> None:
+    """The kernel's DualPI2 is the module the lab built (Debian's 7.2 has none); prague negotiated ECN and went
+    into L, cubic did not; both DualPI2s marked, by the step too, and dropped only classic packets."""
+    doc = lab_runs["l4s"]
+    for implementation in ("kernel", "ccscope"):
+        assert doc["profiles"][f"dualpi2-{implementation}"]["aqm"]["up"]["implementation"] == implementation
+        cell = _dualpi2_runs(lab_runs, implementation)
+        assert len(cell) == 2, cell
+        for run, prague, cubic in cell:
+            assert run["backend"] == "netem" and not run["errors"], run["errors"]
+            assert prague["algorithm_ok"] and cubic["algorithm_ok"]
+            assert (prague["ecn"], cubic["ecn"]) == ("ecn", "off"), (prague["ecn"], cubic["ecn"])
+            up = run["link"]["up"]
+            assert up["aqm_marks"] > up["aqm_step_marks"] > 0 and up["queue_drops"] == 0, up
+            # prague's packets are marked, not dropped: what it retransmits is a few (TCG's spurious timeouts)
+            assert prague["retransmits"] <= 5 and cubic["retransmits"] > 0, (prague, cubic)
+
+
+# Measured over three lab runs of l4s-fidelity.yaml (2026-11-27, six runs per implementation), the numbers each
+# tolerance below is taken from:
+# - prague's share of the two flows' goodput: kernel 0.53-0.67, ccscope 0.49-0.67, a run's sd 0.055; the
+#   difference of two runs' means then has an sd of 0.055, and 0.2 is 3.6 of it (99.9 %);
+# - the L queue (prague's median srtt less the 40 ms path): kernel 14.5-15.0 ms, ccscope 14.6-15.7 (the delay
+#   line's ~0.5 ms under TCG), a run's sd 0.3 ms: within 1.5 ms;
+# - the C queue (the ping's median less 40 ms): kernel 22.1-31.0 ms, ccscope 18.5-26.6, a run's sd 3 ms: within
+#   10 ms (3.3 sds of the difference of two runs' means);
+# - marks: kernel 299-341, ccscope 266-297: ccscope's 5-17 % fewer in each of the three pairs (not explained
+#   yet: docs/congestion-control.md), so within 25 %.
+DUALPI2_TOLERANCES: dict[str, tuple[Callable[[dict, dict, dict], float], float, bool]] = {
+    # name: (metric of a run, tolerance, relative to the kernel's mean)
+    "prague's share": (lambda run, p, c: p["goodput_bps"] / (p["goodput_bps"] + c["goodput_bps"]), 0.2, False),
+    "L queue ms": (lambda run, p, c: p["srtt_ms"]["median"] - BASE_RTT_MS, 1.5, False),
+    "C queue ms": (lambda run, p, c: run["ping"]["rtt_ms"]["median"] - BASE_RTT_MS, 10.0, False),
+    "marks": (lambda run, p, c: run["link"]["up"]["aqm_marks"], 0.25, True),
+}
+
+
+@pytest.mark.parametrize("what", DUALPI2_TOLERANCES)
+def test_dualpi2_agrees_with_the_kernels(lab_runs, what: str) -> None:
+    """The coupling's rate balance, each queue's delay and the marks, the two implementations' means within the
+    tolerance measured from the runs' spread (above)."""
+    metric, tolerance, relative = DUALPI2_TOLERANCES[what]
+    kernel = [metric(*r) for r in _dualpi2_runs(lab_runs, "kernel")]
+    ours = [metric(*r) for r in _dualpi2_runs(lab_runs, "ccscope")]
+    bound = tolerance * statistics.fmean(kernel) if relative else tolerance
+    assert abs(statistics.fmean(ours) - statistics.fmean(kernel)) <= bound, (what, kernel, ours, bound)
+
+
+def test_dualpi2_l_queue_is_short_and_c_sits_near_its_target(lab_runs) -> None:
+    """RFC 9332's behaviour in both: prague's queue near the 12 ms step (two packets here), the classic one near
+    the 15 ms target and above L's; together they fill the link (measured 1.87-1.92 Mbit/s)."""
+    for implementation in ("kernel", "ccscope"):
+        queues = []
+        for run, prague, cubic in _dualpi2_runs(lab_runs, implementation):
+            queues.append((prague["srtt_ms"]["median"] - BASE_RTT_MS, run["ping"]["rtt_ms"]["median"] - BASE_RTT_MS))
+            assert prague["goodput_bps"] + cubic["goodput_bps"] >= 0.9 * TCP_MAX_BPS, (prague, cubic)
+        l_queue, c_queue = (statistics.fmean(q) for q in zip(*queues, strict=True))
+        # C above L on average over the runs (single runs: L 14.5-15.7 ms, C 18.5-31 ms)
+        assert l_queue < c_queue <= 3 * 15 and l_queue <= 2 * 12, (implementation, queues)

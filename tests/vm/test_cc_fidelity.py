@@ -26,7 +26,7 @@ def fidelity(kernel_lab: Path, bpf_object: Path, tmp_path_factory: pytest.TempPa
     out = share / "r"
     ran = lab("run", "--share", str(share), "--timeout", "840", "--cwd", str(ROOT), "--",
               str(PYTHON), "-m", "ccscope.cli", "scenario", "run", str(SCENARIO), "--out", str(out),
-              "--listen", "off", "--no-report", timeout=900)
+              "--listen", "off", "--no-report", "--no-verify", timeout=900)
     if ran.returncode != 0 or not (out / "results.json").exists():
         pytest.fail(f"the fidelity scenario did not complete in the lab (status {ran.returncode}): "
                     f"{ran.stderr.strip()[-2000:]}")
@@ -47,8 +47,10 @@ def test_native_and_bpf_both_ran_as_recorded(fidelity) -> None:
         assert impl[native]["implementation"] == "kernel"
         assert impl[bpf]["implementation"] == "bpf" and len(impl[bpf]["sha256"]) == 64
     assert {r["backend"] for r in doc["runs"]} == {"netem"}
-    # --no-report: rendering took 52 s of 5.8 minutes under TCG; the tests read results.json and the CSVs
+    # --no-report: rendering took 52 s of 5.8 minutes under TCG; the tests read results.json and the CSVs.
+    # --no-verify: the path check on netem is the guest checks' (check_pathcheck: a right and a wrong rate)
     assert not (out / "report.html").exists() and not (out / "plots").exists()
+    assert doc["emulation_checks"] == {}
     for run in doc["runs"]:
         assert not run["errors"], run["errors"]
         assert all(f["algorithm_ok"] and f["algorithm_kernel"] == run["algorithms"] for f in run["flows"])
