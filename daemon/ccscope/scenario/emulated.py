@@ -25,8 +25,8 @@ from .traffic import BulkFlow, TrafficResult, run_traffic
 def resolve_aqms(scenario: Scenario, backend: str | None) -> Scenario:
     """The scenario with each AQM's implementation decided (the kernel's qdisc or the delay line), so that
     results.json says which ran before the first run; a kernel AQM this kernel cannot run is refused here."""
-    if not any(isinstance(p, PathProfile) and link.aqm is not None and link.aqm.manages
-               for p in scenario.profiles.values() for link in (p.up, p.down)):
+    emulated = [p for p in scenario.profiles.values() if isinstance(p, PathProfile)]
+    if not any(link.aqm is not None and link.aqm.manages for p in emulated for link in (p.up, p.down)):
         return scenario
     caps = backends.probe_backends()
     chosen = backends.choose_backend(backend or "auto", caps)
