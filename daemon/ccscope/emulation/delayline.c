@@ -470,8 +470,9 @@ static uint64_t backlog_bytes(void)
 }
 
 // A PI verdict carried out on p: 1 if p goes on (marked if so decided), 0 if it was dropped. A packet that
-// already carries CE passes as it is, uncounted (the kernel's INET_ECN_set_ce() fails on it); one whose copy
-// cannot be rewritten is dropped.
+// already carries CE passes as it is, uncounted: a mark is a CE packet made. (The kernel's INET_ECN_set_ce()
+// succeeds on a CE packet, so sch_dualpi2 counts it again, and twice when its coupling and then its step
+// mark the same packet: tests/vm/test_aqm_fidelity.py.) One whose copy cannot be rewritten is dropped.
 static int carry_out(struct nfq_q_handle *qh, struct pkt *p, enum pi_verdict v, int step)
 {
 	if (v == PI_MARK && p->ecn != ECN_CE) {
