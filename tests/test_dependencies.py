@@ -50,6 +50,13 @@ def test_daemon_commands_load_no_scenario_stack() -> None:
     assert sorted(set(stack) - allowed) == []
 
 
+def test_a_run_without_its_report_loads_no_matplotlib() -> None:
+    """`ccscope scenario run --no-report` prints the summary table from summary.py: importing report.py for
+    it cost 20 s of matplotlib (its import and font cache) at each boot of the stock-kernel lab under TCG."""
+    loaded = _modules_loaded_by("import ccscope.scenario.cli, ccscope.scenario.runner, ccscope.scenario.summary")
+    assert not any(m.split(".")[0] == "matplotlib" for m in loaded)
+
+
 def test_report_and_merge_stand_without_the_runner() -> None:
     """`ccscope report` and `ccscope merge` need the store and the report, not the run lifecycle (merge used
     to borrow the runner's report writer and out-dir check, and with them the probe and the live page)."""

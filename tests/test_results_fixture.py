@@ -14,7 +14,7 @@ import pytest
 from ccscope.ccstate.changes import StateChange
 from ccscope.ccstate.cubic import CubicState
 from ccscope.errors import UsageError
-from ccscope.scenario import document, plots, report, results, series
+from ccscope.scenario import document, plots, report, results, series, summary
 from ccscope.scenario.recorder import CSV_HEADER, write_state_csv
 from ccscope.scenario.typed_schema import schema_of
 from ccscope_testkit.prereqs import ROOT
@@ -97,7 +97,7 @@ def test_render_draws_every_plot_and_shows_the_numbers(copy: Path) -> None:
 
 def test_summary_table_has_one_line_per_row() -> None:
     doc = results.load(FIXTURE)
-    lines = report.summary_table(doc).strip().splitlines()
+    lines = summary.summary_table(doc).strip().splitlines()
     assert lines[0] == "fixture (± is the 95% confidence interval over runs)"
     assert lines[1].split()[:3] == ["profile", "algorithm", "runs"]
     body = lines[2:]

@@ -139,8 +139,8 @@ def _run(scenario, args: argparse.Namespace, part=None) -> int:
                              backend=args.backend, quick=args.quick, verify=not args.no_verify, resume=resume,
                              cleanup_stale=args.cleanup_stale, shard=part)
     out, doc = runner.run(scenario, options, finish=None if args.no_report else _render)
-    from . import report
-    print(report.summary_table(doc))
+    from .summary import summary_table  # not report: --no-report must never import matplotlib
+    print(summary_table(doc))
     for warning in doc["warnings"]:
         print(f"ccscope: warning: {warning}", file=sys.stderr)
     for error in doc["errors"]:
@@ -177,6 +177,7 @@ def _list() -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from . import report, results, series, store
+    from .summary import summary_table
 
     directory = Path(args.directory)
     if not directory.is_dir():
@@ -187,7 +188,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"ccscope: rebuilt {directory}/results.json from {store.JOURNAL} ({len(doc['runs'])} runs)",
               file=sys.stderr)
     html = report.render(directory, doc, plotted)
-    print(report.summary_table(doc))
+    print(summary_table(doc))
     if not doc["complete"]:
         fix = ("run or resume the missing shards and merge again" if doc.get("merged") else
                f"finish with the scenario's command and --resume {directory}")
@@ -198,11 +199,12 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_merge(args: argparse.Namespace) -> int:
     from . import merge, report
+    from .summary import summary_table
 
     out = Path(args.out)
     doc = merge.merge(out, [Path(d) for d in args.directories])
     html = report.write(out, doc)
-    print(report.summary_table(doc))
+    print(summary_table(doc))
     for mixed in doc["merged"]["mixed"]:
         print(f"ccscope: warning: uneven comparison: {mixed}", file=sys.stderr)
     if not doc["complete"]:
