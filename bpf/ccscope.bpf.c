@@ -65,12 +65,25 @@ struct {
 	__type(value, struct retrans_causes);
 } retrans_causes SEC(".maps");
 
-/* Per socket: how much of its tp->total_retrans is already in cc_stats and cgroup_stats (add_retransmits). */
+/*
+ * Per socket: how much of its tp->total_retrans is already in cc_stats and cgroup_stats (add_retransmits), and
+ * the causes of what it retransmitted before it was a flow. A socket becomes a flow at its first tcp_probe, an
+ * incoming segment once established: its SYNs, a passive socket's SYN-ACKs, and a loss probe sent before the
+ * first ACK came back (seen: 1 in 10 runs of a 10 %-loss test under a busy CPU) come before that. Their causes
+ * wait here, where they die with the socket, and move to retrans_causes when its flow is made
+ * (move_pending_causes): an LRU entry per untracked socket would let sockets never tracked (a full flow map)
+ * evict the causes of tracked ones.
+ */
+struct retrans_mark {
+	__u32 counted;
+	__u32 pending[CCSCOPE_RETRANS_CAUSES];
+};
+
 struct {
 	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, int);
-	__type(value, __u32);
+	__type(value, struct retrans_mark);
 } retrans_counted SEC(".maps");
 
 /*
@@ -78,16 +91,41 @@ struct {
  * will retransmit is ours to count, its SYNs too), its current total where we meet it later (at its first
  * sample or retransmission: a socket older than the probe, whose past is not this probe's to count).
  */
-static __always_inline __u32 *retrans_mark(struct sock *sk, __u32 start)
+static __always_inline struct retrans_mark *retrans_mark(struct sock *sk, __u32 start)
 {
-	__u32 *counted = bpf_sk_storage_get(&retrans_counted, sk, 0, 0);
+	struct retrans_mark *mark = bpf_sk_storage_get(&retrans_counted, sk, 0, 0);
 
-	if (counted)
-		return counted;
-	counted = bpf_sk_storage_get(&retrans_counted, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
-	if (counted)
-		*counted = start;
-	return counted;
+	if (mark)
+		return mark;
+	mark = bpf_sk_storage_get(&retrans_counted, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (mark)
+		mark->counted = start;
+	return mark;
+}
+
+/* `segments` retransmitted by the flow `cookie` for `cause`. */
+static __always_inline void add_cause(__u64 cookie, __u32 cause, __u32 segments)
+{
+	struct retrans_causes *causes = bpf_map_lookup_elem(&retrans_causes, &cookie), fresh = {};
+
+	if (!causes) {
+		bpf_map_update_elem(&retrans_causes, &cookie, &fresh, BPF_NOEXIST);
+		causes = bpf_map_lookup_elem(&retrans_causes, &cookie);
+		if (!causes)
+			return;
+	}
+	if (cause < CCSCOPE_RETRANS_CAUSES)
+		__sync_fetch_and_add(&causes->segments[cause], segments);
+}
+
+/* A socket has just become the flow `cookie`: what it retransmitted before that is the flow's. */
+static __always_inline void move_pending_causes(struct retrans_mark *mark, __u64 cookie)
+{
+	for (__u32 cause = 0; cause < CCSCOPE_RETRANS_CAUSES; cause++) {
+		if (mark->pending[cause])
+			add_cause(cookie, cause, mark->pending[cause]);
+		mark->pending[cause] = 0;
+	}
 }
 
 /*
@@ -435,6 +473,7 @@ static __always_inline void emit(const struct flow *f, __u8 event, const struct 
 static __noinline struct flow *create_flow(struct sock *sk, struct tcp_sock *tp, __u64 cookie, __u64 now,
 						const struct config *cfg)
 {
+	struct retrans_mark *mark;
 	struct flow f = {};
 	struct cc_stats *stats;
 	__u64 *seen;
@@ -460,7 +499,7 @@ static __noinline struct flow *create_flow(struct sock *sk, struct tcp_sock *tp,
 	 * A new storage entry holds 0: this socket was never seen. Without storage (out of
 	 * memory) the flow counts as new, as it would have without this check.
 	 */
-	retrans_mark(sk, tp->total_retrans);
+	mark = retrans_mark(sk, tp->total_retrans);
 	seen = bpf_sk_storage_get(&first_seen, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
 	if (seen && *seen)
 		f.first_ns = *seen; /* re-inserted after an eviction: the same flow */
@@ -469,6 +508,8 @@ static __noinline struct flow *create_flow(struct sock *sk, struct tcp_sock *tp,
 		return 0;
 	}
 	count(CCSCOPE_CNT_FLOWS_CREATED); /* map insertions: evictions are derived from them */
+	if (mark)
+		move_pending_causes(mark, cookie);
 	if (!seen || !*seen) {
 		if (seen)
 			*seen = now;
@@ -592,52 +633,29 @@ static __always_inline __u32 retransmit_cause(struct tcp_sock *tp)
 }
 
 /*
- * A SYN retransmitted before tcp_probe ever met its socket (a 10 % loss drops one connect's SYN in ten) is in
- * its total_retrans all the same: counted under the socket's cookie, which it keeps once tracked. Only while
- * the handshake lasts, so that untracked sockets cannot fill the LRU map; TCP_CLOSE deletes the entry of a
- * socket that never got tracked.
- */
-static __always_inline __u64 handshake_cookie(const struct sock *sk, __u64 cookie)
-{
-	return sk->__sk_common.skc_state == TCP_SYN_SENT ? cookie : 0;
-}
-
-static __always_inline void add_cause(__u64 cookie, __u32 cause, __u32 segments)
-{
-	struct retrans_causes *causes = bpf_map_lookup_elem(&retrans_causes, &cookie), fresh = {};
-
-	if (!causes) {
-		bpf_map_update_elem(&retrans_causes, &cookie, &fresh, BPF_NOEXIST);
-		causes = bpf_map_lookup_elem(&retrans_causes, &cookie);
-		if (!causes)
-			return;
-	}
-	if (cause < CCSCOPE_RETRANS_CAUSES)
-		__sync_fetch_and_add(&causes->segments[cause], segments);
-}
-
-/*
- * `cookie`: the flow whose causes to count: a tracked one, or a handshaking one that tcp_probe has yet to meet
- * (handshake_cookie()); 0 for any other socket, whose entry nothing would ever read or delete. `cause`: why,
- * as its caller knows it.
+ * `cookie`: the flow whose causes to count, 0 for a socket tcp_probe has yet to meet (its causes wait in its
+ * retrans_mark). `cause`: why, as its caller knows it.
  */
 static __always_inline void add_retransmits(struct sock *sk, struct tcp_sock *tp, __u32 slot, __u64 cookie,
 					    __u32 cause)
 {
-	__u32 total = tp->total_retrans, segments, *counted = retrans_mark(sk, total);
+	__u32 total = tp->total_retrans, segments;
+	struct retrans_mark *mark = retrans_mark(sk, total);
 	char ca_name[CCSCOPE_CA_NAME_LEN] = {};
 	struct cgroup_stats *cg;
 	struct cc_stats *stats;
 	struct config *cfg;
 
-	if (!counted)
+	if (!mark)
 		return;
-	segments = total - *counted;
-	*counted = total;
+	segments = total - mark->counted;
+	mark->counted = total;
 	if (!segments)
 		return;
 	if (cookie)
 		add_cause(cookie, cause, segments);
+	else if (cause < CCSCOPE_RETRANS_CAUSES)
+		mark->pending[cause] += segments;
 	read_ca_name(tp, ca_name);
 	stats = cc_stats_for(ca_name);
 	if (stats)
@@ -662,7 +680,7 @@ int BPF_PROG(tcp_retransmit_skb, const struct sock *sk, const struct sk_buff *sk
 		__sync_fetch_and_add(&f->retransmit_events, 1);
 	if (tp)
 		add_retransmits((struct sock *)sk, tp, f ? f->cgroup_slot : cgroup_slot(socket_cgroup_id(sk), 0),
-				f ? cookie : handshake_cookie(sk, cookie), retransmit_cause(tp));
+				f ? cookie : 0, retransmit_cause(tp));
 	return 0;
 }
 
@@ -672,12 +690,10 @@ int BPF_PROG(tcp_retransmit_skb, const struct sock *sk, const struct sk_buff *sk
  */
 static __always_inline void add_synack_retransmits(const struct sock *sk)
 {
-	__u64 cookie = bpf_get_socket_cookie((void *)sk);
 	struct tcp_sock *tp = bpf_skc_to_tcp_sock((void *)sk);
 
 	if (tp && retrans_mark((struct sock *)sk, 0))
-		add_retransmits((struct sock *)sk, tp, cgroup_slot(socket_cgroup_id(sk), 0), cookie,
-				CCSCOPE_RETRANS_RTO);
+		add_retransmits((struct sock *)sk, tp, cgroup_slot(socket_cgroup_id(sk), 0), 0, CCSCOPE_RETRANS_RTO);
 }
 
 /*
@@ -727,7 +743,7 @@ int BPF_PROG(inet_sock_set_state, const struct sock *sk, const int oldstate, con
 	}
 	bpf_map_delete_elem(&owners, &cookie);
 	f = bpf_map_lookup_elem(&flows, &cookie);
-	if (!f) { /* only flows tcp_probe has seen are tracked; a handshake's causes may be all it left */
+	if (!f) { /* untracked, or a flow the LRU evicted: its causes, if any, go with it */
 		bpf_map_delete_elem(&retrans_causes, &cookie);
 		return 0;
 	}

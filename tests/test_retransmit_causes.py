@@ -89,11 +89,21 @@ def _run(link: Link, mode: str, seconds: float, during=None) -> tuple[End, End]:
 
 def _assert_sum(end: End) -> None:
     """Every retransmitted segment has its one cause, none of them "other" on these paths; RTO is the timeouts'
-    head retransmits and the slow start after them."""
+    head retransmits and the slow start after them, FAST the segments retransmitted in recovery.
+
+    The kernel counts a retransmission that failed once begun (a qdisc that refused it: TCPRetransFail) in
+    total_retrans and RetransSegs, and so in its cause here, but in neither TCPSlowStartRetrans nor
+    TCPFastRetrans, which count what was sent: each cause may exceed the kernel's counter by the failures, and
+    only together. (The blackhole's RTOs once came to one more than TCPTimeouts + TCPSlowStartRetrans, in 1 of
+    about 50 runs beside a busy qemu; TCPRetransFail was not read then, and 0 in the 20 runs after.)"""
     causes, moved = end.causes, end.moved
     assert sum(causes.values()) == moved["Tcp.RetransSegs"], (causes, moved["Tcp.RetransSegs"])
     assert causes[RetransCause.OTHER] == 0, causes
-    assert causes[RetransCause.RTO] == moved["TcpExt.TCPTimeouts"] + moved["TcpExt.TCPSlowStartRetrans"], causes
+    sent = {RetransCause.RTO: moved["TcpExt.TCPTimeouts"] + moved["TcpExt.TCPSlowStartRetrans"],
+            RetransCause.FAST: moved["TcpExt.TCPFastRetrans"]}
+    unsent = {cause: causes[cause] - count for cause, count in sent.items()}
+    assert all(n >= 0 for n in unsent.values()) and sum(unsent.values()) <= moved["TcpExt.TCPRetransFail"], \
+        (causes, sent, moved["TcpExt.TCPRetransFail"])
 
 
 def _assert_only_acked(end: End) -> None:
@@ -109,7 +119,7 @@ def test_random_loss_is_fast_retransmit(link: Link) -> None:
         link.ns(link.b, "iptables", "-F", "INPUT")
     _assert_sum(sender)
     _assert_only_acked(receiver)
-    assert sender.causes[RetransCause.FAST] == sender.moved["TcpExt.TCPFastRetrans"] > 20, sender
+    assert sender.causes[RetransCause.FAST] >= sender.moved["TcpExt.TCPFastRetrans"] > 20, sender
 
 
 def test_a_blackhole_is_rto(link: Link) -> None:
@@ -125,7 +135,28 @@ def test_a_blackhole_is_rto(link: Link) -> None:
     # 1.5 s of silence: the 200 ms RTO, doubled, several times
     # (the queue's own drops before and after it are fast retransmits: 40 of them once, beside 37 for RTO)
     assert sender.causes[RetransCause.RTO] >= sender.moved["TcpExt.TCPTimeouts"] >= 2, sender
-    assert sender.causes[RetransCause.FAST] == sender.moved["TcpExt.TCPFastRetrans"], sender
+
+
+def test_what_a_socket_retransmits_before_it_is_a_flow_is_the_flows(link: Link) -> None:
+    """A socket becomes a flow at its first tcp_probe, an ACK received once established; every data segment is
+    dropped for the first 0.5 s, so its first RTO (200 ms: the handshake's RTT sample set it) retransmits before
+    any ACK came back, and the one after it (400 ms later) gets through. Those retransmits count under their
+    cause once it is a flow. (They were lost once: a loss probe sent before the first ACK, 1 run in 10 of the
+    test below under a busy CPU, left the causes one short of RetransSegs.)"""
+    link.ns(link.b, "iptables", "-A", "INPUT", "-p", "tcp", "--dport", str(PORT), "-m", "length", "--length",
+            "100:65535", "-j", "DROP")  # data only: the handshake (SYN 60 bytes, ACK 52) gets through
+
+    def heal() -> None:
+        time.sleep(0.5)
+        link.ns(link.b, "iptables", "-F", "INPUT")
+
+    try:
+        sender, receiver = _run(link, "bulk", 2, heal)
+    finally:
+        link.ns(link.b, "iptables", "-F", "INPUT")
+    _assert_sum(sender)
+    _assert_only_acked(receiver)
+    assert sender.causes[RetransCause.RTO] >= sender.moved["TcpExt.TCPTimeouts"] >= 1, sender
 
 
 def test_a_lost_last_message_is_a_tail_loss_probe(link: Link) -> None:
@@ -139,7 +170,6 @@ def test_a_lost_last_message_is_a_tail_loss_probe(link: Link) -> None:
     finally:
         link.ns(link.b, "iptables", "-F", "INPUT")
     _assert_sum(sender)
-    assert sender.causes[RetransCause.FAST] == sender.moved["TcpExt.TCPFastRetrans"], sender
     # TCPLossProbes counts probes, also those that sent new data instead (3 retransmits of 4 probes, once)
     assert 1 <= sender.causes[RetransCause.TLP] <= sender.moved["TcpExt.TCPLossProbes"], sender
 
