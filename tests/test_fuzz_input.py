@@ -59,7 +59,7 @@ PATHS = [
     "profiles.lossy.jitter", "profiles.lossy.loss", "profiles.lossy.isolate", "profiles.lossy.isolate.queue",
     "profiles.lossy.isolate.ports", "profiles.lossy.up", "profiles.lossy.up.rate", "profiles.lossy.down",
     "profiles.lossy.down.delay", "traffic", "traffic.bulk", "traffic.bulk.flows", "traffic.bulk.stagger",
-    "traffic.ping", "traffic.ping.interval", "traffic.downloads", "traffic.downloads.sizes",
+    "traffic.ping", "traffic.ping.interval", "traffic.ping.l4s", "traffic.downloads", "traffic.downloads.sizes",
     "traffic.downloads.sizes.0", "traffic.downloads.every", "traffic.downloads.start", "traffic.downloads.timeout",
     "quick", "quick.duration", "quick.profiles", "quick.traffic.bulk.flows", "unknown", "profiles.wired.unknown",
 ]

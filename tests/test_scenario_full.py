@@ -371,11 +371,29 @@ def _claim_l4s(doc: dict) -> None:
     ratio = flows["prague"]["goodput_bps"] / flows["cubic"]["goodput_bps"]
     assert 1.0 <= ratio / predicted <= 2.3, (ratio, predicted)  # measured 1.40-1.80
     assert sum(f["goodput_bps"] for f in flows.values()) >= 0.9 * payload, flows
+    _l4s_pings(doc, runs, profile["base_rtt_s"] * 1e3)
     # the report's rows say what each negotiated and how much of it was marked
     rows = {(r["algorithms"], r["algorithm"]): r for r in doc["summary"]}
     assert rows["prague", "prague"]["ecn"] == "ecn" and rows["cubic", "cubic"]["ecn"] == "off"
     assert rows["prague", "prague"]["ce_fraction"]["mean"] == prague["ce_fraction"]
     assert "ce_fraction" not in rows["cubic", "cubic"] and "ce_fraction" not in rows["prague+cubic", "cubic"]
+
+
+def _l4s_pings(doc: dict, runs: dict[str, dict], base_ms: float) -> None:
+    """A ping in each queue (traffic.ping.l4s), measured apart from the delay line's own sojourn counts: the
+    ECT(1) one waits as long as the L queue's packets, the plain one as long as the C queue's, and beside cubic's
+    standing C queue the ECT(1) ping passes it. Three full runs (2026-11-27): the ECT(1) ping's median less the
+    path 0.2-0.8 ms, 0.08-0.33 ms above the L queue's median sojourn; the plain one's 13.9-15.1 ms beside cubic,
+    12-19 % above the C queue's median (a histogram bucket's middle, within 9 %; the ping's own path adds ~1 ms)."""
+    for label in ("cubic", "prague+cubic"):
+        run = runs[label]
+        up, plain, marked = run["link"]["up"], run["ping"]["rtt_ms"], run["ping_l4s"]["rtt_ms"]
+        assert marked["p95"] - base_ms <= 2.0 and plain["median"] - base_ms >= 8.0, (label, plain, marked)
+        assert abs(marked["median"] - base_ms - up["sojourn_l"]["median_ms"]) <= 0.5, (label, marked, up)
+        c_queue = up["sojourn_c"]["median_ms"]
+        assert abs(plain["median"] - base_ms - c_queue) <= 0.3 * c_queue, (label, plain, up)
+    rows = {(r["algorithms"], r["algorithm"]): r for r in doc["summary"]}
+    assert rows["cubic", "cubic"]["ping_l4s_p95_ms"]["mean"] == runs["cubic"]["ping_l4s"]["rtt_ms"]["p95"]
 
 
 CLAIMS = {"wired-vs-wireless": _claim_wired_vs_wireless, "fast-vs-slow": _claim_fast_vs_slow,

@@ -78,6 +78,7 @@ BAD = [
     ("traffic.bulk.flwos", 2, "x.yaml: traffic.bulk.flwos: unknown key (known: flows, stagger)"),
     ("traffic.bulk.flows", 99, "x.yaml: traffic.bulk.flows: 99 is out of range 0..16"),
     ("traffic.ping.interval", "1us", "x.yaml: traffic.ping.interval: '1us' is out of range"),
+    ("traffic.ping.l4s", "yes", "x.yaml: traffic.ping.l4s: expected true or false, got 'yes'"),
     ("traffic.downloads", {"sizes": ["1MB"]}, "x.yaml: traffic.downloads.timeout: missing"),
     ("traffic.downloads", {"sizes": ["-1KB"], "timeout": "5s"}, "x.yaml: traffic.downloads.sizes[0]: '-1KB'"),
     ("traffic.downloads", {"sizes": ["5GB"], "timeout": "5s"}, "x.yaml: traffic.downloads.sizes[0]: '5GB' is more"),
@@ -194,6 +195,7 @@ def test_scenario_path_that_is_no_file_is_one_line(ccscope_cmd, tmp_path):
 def test_sub_second_units_are_exact_at_the_range_ends():
     ping = {"bulk": {"flows": 1}, "ping": {"interval": "10000us"}}
     assert spec.from_dict(_with("traffic", ping), "x.yaml").traffic.ping_interval_s == 0.01
+    assert not spec.from_dict(_with("traffic", ping), "x.yaml").traffic.ping_l4s  # one plain ping unless asked
     assert spec.from_dict(_with("sample_interval", "1000us"), "x.yaml").sample_interval_s == 0.001
 
 

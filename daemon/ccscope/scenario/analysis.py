@@ -290,8 +290,17 @@ def summarize(runs: list[dict], profile_order: list[str], mix_order: list[str]) 
             "algorithm_ok": all(p["algorithm_ok"] for _, p in items),
         })
         _add_ecn(rows[-1], [f for run, _ in items for f in run["flows"] if f["algorithm"] == alg])
+        _add_l4s_ping(rows[-1], [run for run, _ in items])
     _add_harm(rows, groups)
     return rows
+
+
+def _add_l4s_ping(row: dict, runs: list[dict]) -> None:
+    """The ECT(1) ping's RTT over the runs (traffic.ping.l4s), where they had one."""
+    if any(run.get("ping_l4s") for run in runs):
+        for stat in ("median", "p95"):
+            row[f"ping_l4s_{stat}_ms"] = mean_ci95([(run.get("ping_l4s") or {}).get("rtt_ms", {}).get(stat)
+                                                    for run in runs])
 
 
 def _add_ecn(row: dict, flows: list[dict]) -> None:

@@ -89,6 +89,11 @@ class DownloadResult(TypedDict):
     start_s: NotRequired[float]
 
 
+# The ping streams a run may have, each a key of its run (RunResult): a plain ping, and one marked ECT(1)
+# (traffic.ping_streams), L4S's identifier, which a DualPI2 queues in its L queue.
+PING_STREAMS = ("ping", "ping_l4s")
+
+
 class PingResult(TypedDict):
     sent: int
     received: int
@@ -136,6 +141,7 @@ class RunResult(TypedDict):
     flows: list[FlowResult]
     downloads: list[DownloadResult]
     ping: PingResult | None
+    ping_l4s: NotRequired[PingResult]  # traffic.ping.l4s
     link: Link
     jain: float | None
     per_algorithm: dict[str, Any]
@@ -195,6 +201,9 @@ class SummaryRow(TypedDict):
     # the fraction of their delivered packets fed back as CE; files before ECN telemetry lack them
     ecn: NotRequired[str]
     ce_fraction: NotRequired[Interval]
+    # the ECT(1) ping's RTT, where the runs had one (traffic.ping.l4s)
+    ping_l4s_median_ms: NotRequired[Interval]
+    ping_l4s_p95_ms: NotRequired[Interval]
     # competing sets only
     share: NotRequired[Interval]
     convergence_s: NotRequired[Interval]

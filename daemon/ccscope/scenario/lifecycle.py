@@ -191,15 +191,16 @@ def _downloads(record: RunRecord, session: Session, unit, traffic: TrafficResult
 
 
 def _ping(record: RunRecord, session: Session, unit, traffic: TrafficResult, bulk_end: float) -> None:
-    """RTT over the measured window: from the warm-up's end to the last bulk sample (the run's end without
-    bulk flows), so that pings after the load are not counted as pings under it."""
-    if not traffic.ping_sent:
-        return
+    """Each ping stream's RTT over the measured window: from the warm-up's end to the last bulk sample (the
+    run's end without bulk flows), so that pings after the load are not counted as pings under it."""
     t0 = traffic.start_mono
     start = t0 + session.scenario.warmup_s
-    rtts = [rtt * 1e3 for t, rtt in traffic.ping if start <= t <= bulk_end]
-    record.ping = {"sent": traffic.ping_sent, "received": len(traffic.ping), "rtt_ms": analysis.summary(rtts),
-                      "csv": write_ping_csv(session.out, f"{stem(unit)}_ping.csv", traffic.ping, t0)}
+    for name, ping in traffic.pings.items():
+        if not ping.sent:
+            continue
+        rtts = [rtt * 1e3 for t, rtt in ping.replies if start <= t <= bulk_end]
+        record.pings[name] = {"sent": ping.sent, "received": len(ping.replies), "rtt_ms": analysis.summary(rtts),
+                              "csv": write_ping_csv(session.out, f"{stem(unit)}_{name}.csv", ping.replies, t0)}
 
 
 def _common_window(record: RunRecord, t0: float, flows: list[tuple[dict, FlowSeries | None]],

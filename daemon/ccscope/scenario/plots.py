@@ -16,6 +16,7 @@ import matplotlib.ticker
 from ccscope.ccstate.bbr import MODES
 
 from . import models
+from .document import PING_STREAMS
 from .series import Series, first_runs
 from .store import write_atomic
 
@@ -26,6 +27,8 @@ import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
 COLORS = {"reno": "#1f77b4", "cubic": "#d62728", "bbr": "#2ca02c", "vegas": "#9467bd", "westwood": "#8c564b",
           "copa": "#ff7f0e"}
 MARKERS = ("o", "s", "^", "D", "v", "P", "X")
+PING_LABELS = {"ping": "ping", "ping_l4s": "ECT(1) ping"}  # each of document.PING_STREAMS
+PING_MARKERS = {"ping": ".", "ping_l4s": "x"}
 EXTRA = ("#ff7f0e", "#17becf", "#e377c2", "#7f7f7f", "#bcbd22")
 
 
@@ -70,11 +73,13 @@ def plot_timeseries(directory: Sink, doc: dict, series: Series, column: str, yla
                         label=None if label in labelled else label)
                 labelled.add(label)
                 drew = True
-            if with_ping and run.get("ping") and run["ping"].get("csv"):
-                xs, ys = series.get(run["ping"]["csv"], {}).get("rtt_ms", ([], []))
-                ping_label = f"ping ({run['algorithms']})"
-                ax.scatter(xs, ys, s=10, color=color(run["algorithms"].split("+")[0]), alpha=0.35, marker=".",
-                           label=None if ping_label in labelled else ping_label)
+            for stream in PING_STREAMS if with_ping else ():
+                if not (run.get(stream) and run[stream].get("csv")):
+                    continue
+                xs, ys = series.get(run[stream]["csv"], {}).get("rtt_ms", ([], []))
+                ping_label = f"{PING_LABELS[stream]} ({run['algorithms']})"
+                ax.scatter(xs, ys, s=10, color=color(run["algorithms"].split("+")[0]), alpha=0.35,
+                           marker=PING_MARKERS[stream], label=None if ping_label in labelled else ping_label)
                 labelled.add(ping_label)
         ax.set_title(f"{profile}: {doc['profiles'][profile]['description'].split(': ', 1)[-1]}", fontsize=9,
                      loc="left")

@@ -32,12 +32,22 @@ from ccscope.hosttools import need
 from ccscope.sample import Sample
 from ccscope.serve import protocol
 
+from .document import PING_STREAMS
 from .lifecycle import FlowViews, Session
 from .realpath import TOKEN_ENV, RealPath, is_real, rtt_moved
 from .record import RunRecord
 from .recorder import FlowSeries
 from .spec import Scenario
-from .traffic import BulkFlow, TrafficResult, _parse_iperf, bulk_plan, parse_ping, planned_seconds
+from .traffic import (
+    BulkFlow,
+    PingSeries,
+    TrafficResult,
+    _parse_iperf,
+    bulk_plan,
+    parse_ping,
+    ping_streams,
+    planned_seconds,
+)
 
 CONNECT_TIMEOUT_S = 3.0
 SLACK_S = 10.0  # connect and iperf3's end-of-test exchange beyond the flow's own duration
@@ -387,10 +397,10 @@ def _timed_phase(path: Resolved, scenario: Scenario, result: RealTraffic, childr
     t0 = time.clock_gettime(time.CLOCK_MONOTONIC)
     result.start_mono = t0
     suffix = f"-try{attempt + 1}" if attempt else ""
-    if t.ping_interval_s is not None:
-        children.append(_spawn(f"ping{suffix}", ["ping", "-n", "-D", "-i", f"{t.ping_interval_s:g}",
-                                                 "-w", f"{max(1, round(planned))}", *_ping_via(path), path.address],
-                               log_dir))
+    for name, options in ping_streams(t).items():
+        children.append(_spawn(f"{name}{suffix}", ["ping", "-n", "-D", *options, "-i", f"{t.ping_interval_s:g}",
+                                                   "-w", f"{max(1, round(planned))}", *_ping_via(path),
+                                                   path.address], log_dir))
     pending = sorted((f for f in result.bulk if f.error is None), key=lambda f: f.start_offset_s)
     deadline = t0 + planned + SLACK_S
     bulk: dict[int, _Child] = {}
@@ -447,8 +457,8 @@ def _collect(result: RealTraffic, children: list[_Child], path: Resolved) -> Non
                 flow.error = f"the far end refused {flow.algorithm} ({flow.error})"
         if flow.error:
             result.errors.append(f"bulk flow {flow.index} ({flow.algorithm}): {flow.error}")
-    if "ping" in by_name:
-        result.ping, result.ping_sent = parse_ping(by_name["ping"].text()[0], wall_offset)
+    result.pings = {name: PingSeries(*parse_ping(child.text()[0], wall_offset))
+                    for name, child in by_name.items() if name in PING_STREAMS}
 
 
 def _remote_telemetry(result: RealTraffic, sessions: dict[int, protocol.Session]) -> None:

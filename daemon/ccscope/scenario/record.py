@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .document import DownloadResult, FlowResult, PingResult, RunResult
+from .document import PING_STREAMS, DownloadResult, FlowResult, PingResult, RunResult
 
 
 @dataclass
@@ -31,7 +31,7 @@ class RunRecord:
     duration_s: float = 0.0
     flows: list[FlowResult] = field(default_factory=list)
     downloads: list[DownloadResult] = field(default_factory=list)
-    ping: PingResult | None = None
+    pings: dict[str, PingResult] = field(default_factory=dict)  # by stream (document.PING_STREAMS)
     link: dict[str, dict[str, int]] = field(default_factory=dict)  # the emulated bottleneck's counters
     per_algorithm: dict[str, Any] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
@@ -50,12 +50,13 @@ class RunRecord:
             "label": self.label, "position": self.position, "profile": self.profile, "algorithms": self.algorithms,
             "repetition": self.repetition, "netns": self.netns, "backend": self.backend,
             "started_at": self.started_at, "duration_s": self.duration_s, "flows": self.flows,
-            "downloads": self.downloads, "ping": self.ping, "link": self.link,
+            "downloads": self.downloads, "ping": self.pings.get("ping"), "link": self.link,
             "jain": self.window.jain if self.window else None, "per_algorithm": self.per_algorithm,
             "errors": self.errors}
         if self.window is not None:
             run.update(convergence_s=self.window.convergence_s, window_s=self.window.window_s,
                        goodput_bps=self.window.goodput_bps)
+        run.update({stream: self.pings[stream] for stream in PING_STREAMS[1:] if stream in self.pings})
         if self.link_window_bps is not None:
             run["link_window_bps"] = self.link_window_bps
         if self.real is not None:

@@ -22,7 +22,7 @@ from ccscope import __version__
 from ccscope.errors import UsageError
 
 from . import confined
-from .document import SCHEMA_VERSION, ResultsDocument
+from .document import PING_STREAMS, SCHEMA_VERSION, ResultsDocument
 from .environment import capture, now_iso
 from .realpath import is_real
 from .typed_schema import schema_of
@@ -186,8 +186,9 @@ def run_files(run: dict, i: int) -> Iterator[tuple[str, str]]:
             for key in keys:
                 if item.get(key) is not None:
                     yield f"results.json: runs[{i}].{kind}[{j}].{key}", item[key]
-    if run.get("ping") and run["ping"].get("csv") is not None:
-        yield f"results.json: runs[{i}].ping.csv", run["ping"]["csv"]
+    for stream in PING_STREAMS:
+        if run.get(stream) and run[stream].get("csv") is not None:
+            yield f"results.json: runs[{i}].{stream}.csv", run[stream]["csv"]
 
 
 def planned(doc: dict) -> list[str]:

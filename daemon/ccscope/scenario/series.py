@@ -12,6 +12,7 @@ from ccscope.ccstate.bbr import MODES
 from ccscope.errors import UsageError
 
 from . import confined
+from .document import PING_STREAMS
 from .results import csv_rows, run_files
 
 PLOTTED_COLUMNS = ("cwnd_segments", "throughput_mbps", "srtt_ms", "rtt_ms", "delivery_rate_mbps")
@@ -28,8 +29,7 @@ def load_series(directory: Path, doc: dict) -> Series:
     for run in first_runs(doc):
         plotted.update(f["csv"] for f in [*run["flows"], *run["downloads"]] if f.get("csv"))
         states.update(f["state_csv"] for f in run["flows"] if f.get("state_csv"))
-        if run.get("ping") and run["ping"].get("csv"):
-            plotted.add(run["ping"]["csv"])
+        plotted |= {run[s]["csv"] for s in PING_STREAMS if run.get(s) and run[s].get("csv")}
     plots = directory / "plots"
     if plots.is_symlink() or (plots.exists() and not plots.is_dir()):
         raise UsageError(f"{plots}: not a directory (the report writes its plots there)")

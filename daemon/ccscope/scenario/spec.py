@@ -28,7 +28,7 @@ TOP_KEYS = ("name", "description", "algorithms", "optional_algorithms", "duratio
 EXPECTED_KINDS = ("share",)  # expected: {share: {ALG: MODEL or {PROFILE: number}}}
 TRAFFIC_KEYS = ("bulk", "ping", "downloads")
 BULK_KEYS = ("flows", "stagger")
-PING_KEYS = ("interval",)
+PING_KEYS = ("interval", "l4s")
 DOWNLOAD_KEYS = ("sizes", "every", "start", "timeout")
 MAX_DURATION_S = 3600.0
 MAX_RUNS = 100
@@ -57,6 +57,7 @@ class Traffic:
     flows: int = 1  # bulk iperf3 flows per run (0: none)
     stagger_s: float = 0.0  # start of flow i is i * stagger
     ping_interval_s: float | None = None
+    ping_l4s: bool = False  # a second ping, ECT(1): what a DualPI2's L queue gives it (traffic.ping_streams)
     downloads: Downloads | None = None
 
 
@@ -362,7 +363,7 @@ def _traffic(raw: Any, where: str) -> Traffic:
         flows = _int(bulk.get("flows", 1), f"{where}: traffic.bulk.flows", 0, MAX_FLOWS)
         stagger = parse_duration(bulk.get("stagger", 0), f"{where}: traffic.bulk.stagger", 0.0, MAX_DURATION_S)
     ping = raw.get("ping")
-    interval = None
+    interval, l4s = None, False
     if ping is True:
         interval = 0.1
     elif ping not in (None, False):
@@ -370,10 +371,13 @@ def _traffic(raw: Any, where: str) -> Traffic:
             raise UsageError(f"{where}: traffic.ping: expected a mapping with interval (or true/false), got {ping!r}")
         _known(ping, PING_KEYS, where, "traffic.ping")
         interval = parse_duration(ping.get("interval", "100ms"), f"{where}: traffic.ping.interval", 0.01, 10.0)
+        l4s = ping.get("l4s", False)
+        if not isinstance(l4s, bool):
+            raise UsageError(f"{where}: traffic.ping.l4s: expected true or false, got {l4s!r}")
     downloads = _downloads(raw.get("downloads"), where)
     if flows == 0 and downloads is None:
         raise UsageError(f"{where}: traffic: no traffic (give bulk flows or downloads)")
-    return Traffic(flows=flows, stagger_s=stagger, ping_interval_s=interval, downloads=downloads)
+    return Traffic(flows=flows, stagger_s=stagger, ping_interval_s=interval, ping_l4s=l4s, downloads=downloads)
 
 
 def _downloads(raw: Any, where: str) -> Downloads | None:

@@ -64,6 +64,7 @@ COLUMNS = (("profile", lambda r: r["profile"]),
            ("srtt p50 ms", lambda r: ci(r["srtt_median_ms"], digits=1)),
            ("srtt p95 ms", lambda r: ci(r["srtt_p95_ms"], digits=1)),
            ("ping p95 ms", lambda r: ci(r["ping_p95_ms"], digits=1)),
+           ("L ping p95 ms", lambda r: ci(r["ping_l4s_p95_ms"], digits=1) if r.get("ping_l4s_p95_ms") else "-"),
            ("queue p50 ms", lambda r: ci(r["queue_delay_median_ms"], digits=1) if r.get("queue_delay_median_ms")
             else "-"),
            ("queue p95 ms", lambda r: ci(r["queue_delay_p95_ms"], digits=1) if r.get("queue_delay_p95_ms") else "-"),

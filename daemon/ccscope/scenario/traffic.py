@@ -27,7 +27,8 @@ import ccscope
 from ccscope.emulation.profile import SHORT_FLOW_PORT
 from ccscope.emulation.testbed import terminate
 
-from .spec import Scenario
+from .document import PING_STREAMS
+from .spec import Scenario, Traffic
 
 IPERF_BASE_PORT = 5201
 FETCH_PORT = SHORT_FLOW_PORT  # a profile's `isolate` puts this port in the interactive queue
@@ -48,12 +49,27 @@ class BulkFlow:
 
 
 @dataclass
+class PingSeries:
+    """One ping stream's replies and how many echo requests it sent."""
+    replies: list[tuple[float, float]] = field(default_factory=list)  # (monotonic s, rtt s)
+    sent: int = 0
+
+
+def ping_streams(traffic: Traffic) -> dict[str, tuple[str, ...]]:
+    """The run's ping streams, by their key in results.json's run (document.PING_STREAMS): their ping options.
+    ECT(1) is L4S's identifier (RFC 9331), which a DualPI2 queues in its L queue whatever its ecn_mask: ping -Q
+    sets it, since IP_TOS keeps the ECN bits a socket other than TCP's asks for."""
+    if traffic.ping_interval_s is None:
+        return {}
+    return {"ping": (), **({"ping_l4s": ("-Q", "0x01")} if traffic.ping_l4s else {})}
+
+
+@dataclass
 class TrafficResult:
     start_mono: float = 0.0  # first bulk flow (or first download) started
     end_mono: float = 0.0  # last process finished
     bulk: list[BulkFlow] = field(default_factory=list)
-    ping: list[tuple[float, float]] = field(default_factory=list)  # (monotonic s, rtt s)
-    ping_sent: int = 0
+    pings: dict[str, PingSeries] = field(default_factory=dict)  # by stream (ping_streams)
     downloads: list[dict] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
@@ -179,12 +195,11 @@ def run_timed_phase(tb, scenario: Scenario, result: TrafficResult, log_dir: Path
 
 def _start_ping(tb, scenario: Scenario, result: TrafficResult, log_dir: Path) -> list[Child]:
     t = scenario.traffic
-    if t.ping_interval_s is None:
-        return []
     bulk_end = scenario.duration_s + t.stagger_s * max(0, len(result.bulk) - 1)
     ping_for = bulk_end if result.bulk else planned_seconds(scenario)
-    return [spawn(tb, tb.sender_ns, "ping", ["ping", "-n", "-D", "-i", f"{t.ping_interval_s:g}",
-                                              "-w", f"{max(1, round(ping_for))}", tb.receiver_addr], log_dir)]
+    return [spawn(tb, tb.sender_ns, name, ["ping", "-n", "-D", *options, "-i", f"{t.ping_interval_s:g}",
+                                           "-w", f"{max(1, round(ping_for))}", tb.receiver_addr], log_dir)
+            for name, options in ping_streams(t).items()]
 
 
 def _start_downloads(tb, scenario: Scenario, log_dir: Path) -> list[Child]:
@@ -210,8 +225,8 @@ def collect(result: TrafficResult, clients: list[Child], servers: list[Child]) -
             _parse_iperf(flow, *child.output(), log=child.stdout_path.name)
         if flow.error:
             result.errors.append(f"bulk flow {flow.index} ({flow.algorithm}): {flow.error}")
-    if "ping" in by_name:
-        result.ping, result.ping_sent = parse_ping(by_name["ping"].output()[0], wall_offset)
+    result.pings = {name: PingSeries(*parse_ping(child.output()[0], wall_offset))
+                    for name, child in by_name.items() if name in PING_STREAMS}
     if "downloads" in by_name:
         out, err = by_name["downloads"].output()
         result.downloads = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
