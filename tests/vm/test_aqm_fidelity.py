@@ -89,6 +89,11 @@ METRICS: dict[str, Callable[[dict], float]] = {
     "ping queueing median ms": lambda r: r["ping"]["rtt_ms"]["median"] - BASE_RTT_MS,
     "ping queueing p95 ms": lambda r: r["ping"]["rtt_ms"]["p95"] - BASE_RTT_MS,
 }
+# PIE's p95 is the one metric whose runs spread more between boots than within one, and ccscope's sits above the
+# kernel's: two lab runs (2026-11-27) gave the kernel 25.8, 30.3 and 26.4, 24.7 ms, ccscope 26.0, 31.9 and 36.3,
+# 35.7 (earlier: kernel 35.0-42.6, ccscope 39.4-47.6). The second boot's close pairs made the pooled spread 28 %
+# against a 39 % gap. Its floor is that of a systematic difference, as for PIE's drops (COUNT_RATIO): 50 %.
+FLOORS = {("pie", "ping queueing p95 ms"): 0.5}
 
 
 @pytest.mark.parametrize("aqm", AQMS)
@@ -117,7 +122,7 @@ def test_queueing_agrees(runs, aqm: str, what: str) -> None:
     queueing medians 14-16 ms (codel), 11-18 (pie), 3.5-5 (fq_codel)."""
     cells = _metric_cells(runs, METRICS[what])
     a, b = cells[(aqm, "kernel")], cells[(aqm, "ccscope")]
-    tolerance = relative_tolerance(list(cells.values()), a, b)
+    tolerance = relative_tolerance(list(cells.values()), a, b, rel=FLOORS.get((aqm, what), 0.05))
     assert abs(statistics.fmean(b) - statistics.fmean(a)) <= tolerance, (a, b, tolerance)
 
 
@@ -198,7 +203,9 @@ def test_dualpi2_ran_where_it_was_asked_to(lab_runs) -> None:
             # coupling marked it and the step then does (INET_ECN_set_ce succeeds on a CE packet, so ecn_mark
             # and step_marks both rise); ccscope counts it once, and its few extra are iperf3's control
             # connection, which runs prague too. Measured: the kernel 19-38 over, ccscope 2-15; steps 39-71.
-            assert 0 <= up["aqm_marks"] - prague["delivered_ce_packets"] <= up["aqm_step_marks"], (up, prague)
+            # The ECT(1) ping shares the L queue and its marks: those are not prague's (60 pings a run).
+            beyond = up["aqm_marks"] - prague["delivered_ce_packets"]
+            assert 0 <= beyond <= up["aqm_step_marks"] + run["ping_l4s"]["sent"], (up, prague)
             # prague's packets are marked, not dropped: what it retransmits is a few (TCG's spurious timeouts)
             assert prague["retransmits"] <= 5 and cubic["retransmits"] > 0, (prague, cubic)
 
@@ -211,6 +218,9 @@ def test_dualpi2_ran_where_it_was_asked_to(lab_runs) -> None:
 #   line's ~0.5 ms under TCG), a run's sd 0.3 ms: within 1.5 ms;
 # - the C queue (the ping's median less 40 ms): kernel 22.1-31.0 ms, ccscope 18.5-26.6, a run's sd 3 ms: within
 #   10 ms (3.3 sds of the difference of two runs' means);
+# - the L queue as the ECT(1) ping saw it (its median less 40 ms): two lab runs (2026-11-27), the kernel 7.1,
+#   8.0 and 7.8, 6.4 ms, ccscope 5.6, 6.9 and 6.6, 9.3 (a small packet waits behind at most the L queue, which
+#   the 12 ms step holds near two packets), a run's sd 1.2 ms: within 4 ms (3.3 sds of the difference);
 # - CE packets prague's receiver counted (tcpi_delivered_ce; the kernel's own mark count double-counts, above):
 #   kernel 278-303, ccscope 259-295, ccscope's 2-11 % fewer in each of the three pairs, so within 25 %.
 DUALPI2_TOLERANCES: dict[str, tuple[Callable[[dict, dict, dict], float], float, bool]] = {
@@ -218,6 +228,7 @@ DUALPI2_TOLERANCES: dict[str, tuple[Callable[[dict, dict, dict], float], float, 
     "prague's share": (lambda run, p, c: p["goodput_bps"] / (p["goodput_bps"] + c["goodput_bps"]), 0.2, False),
     "L queue ms": (lambda run, p, c: p["srtt_ms"]["median"] - BASE_RTT_MS, 1.5, False),
     "C queue ms": (lambda run, p, c: run["ping"]["rtt_ms"]["median"] - BASE_RTT_MS, 10.0, False),
+    "L ping ms": (lambda run, p, c: run["ping_l4s"]["rtt_ms"]["median"] - BASE_RTT_MS, 4.0, False),
     "CE packets": (lambda run, p, c: p["delivered_ce_packets"], 0.25, True),
 }
 
@@ -239,8 +250,10 @@ def test_dualpi2_l_queue_is_short_and_c_sits_near_its_target(lab_runs) -> None:
     for implementation in ("kernel", "ccscope"):
         queues = []
         for run, prague, cubic in _dualpi2_runs(lab_runs, implementation):
-            queues.append((prague["srtt_ms"]["median"] - BASE_RTT_MS, run["ping"]["rtt_ms"]["median"] - BASE_RTT_MS))
+            queues.append((prague["srtt_ms"]["median"] - BASE_RTT_MS, run["ping"]["rtt_ms"]["median"] - BASE_RTT_MS,
+                           run["ping_l4s"]["rtt_ms"]["median"] - BASE_RTT_MS))
             assert prague["goodput_bps"] + cubic["goodput_bps"] >= 0.9 * TCP_MAX_BPS, (prague, cubic)
-        l_queue, c_queue = (statistics.fmean(q) for q in zip(*queues, strict=True))
-        # C above L on average over the runs (single runs: L 14.5-15.7 ms, C 18.5-31 ms)
-        assert l_queue < c_queue <= 3 * 15 and l_queue <= 2 * 12, (implementation, queues)
+        l_queue, c_queue, l_ping = (statistics.fmean(q) for q in zip(*queues, strict=True))
+        # C above L on average over the runs (single runs: L 14.5-15.7 ms, C 18.5-31 ms); the ECT(1) ping in L
+        # waits less than the 12 ms step (single runs 5.6-9.3 ms) where the plain one waits in C
+        assert l_queue < c_queue <= 3 * 15 and l_queue <= 2 * 12 and l_ping <= 12 < c_queue, (implementation, queues)
