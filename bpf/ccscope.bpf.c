@@ -103,6 +103,18 @@ static __always_inline struct retrans_mark *retrans_mark(struct sock *sk, __u32 
 	return mark;
 }
 
+/*
+ * A connect counts from 0: a new socket's total_retrans is 0, and so is a reconnecting one's (tcp_disconnect()
+ * zeroes it), whose storage would otherwise keep the last connection's count and make the next delta wrap.
+ */
+static __always_inline void restart_retrans_mark(struct sock *sk)
+{
+	struct retrans_mark *mark = retrans_mark(sk, 0);
+
+	if (mark)
+		*mark = (struct retrans_mark){};
+}
+
 /* `segments` retransmitted by the flow `cookie` for `cause`. */
 static __always_inline void add_cause(__u64 cookie, __u32 cause, __u32 segments)
 {
@@ -727,7 +739,7 @@ int BPF_PROG(inet_sock_set_state, const struct sock *sk, const int oldstate, con
 	if (newstate == TCP_SYN_SENT || newstate == TCP_LISTEN) {
 		record_owner(sk, newstate);
 		if (newstate == TCP_SYN_SENT)
-			retrans_mark((struct sock *)sk, 0);
+			restart_retrans_mark((struct sock *)sk);
 		return 0;
 	}
 	if (oldstate == TCP_SYN_RECV && newstate == TCP_ESTABLISHED)
