@@ -354,8 +354,9 @@ def _claim_l4s(doc: dict) -> None:
     assert prague["ecn"] == "ecn" and prague["goodput_bps"] >= 0.9 * payload, prague
     assert up["sojourn_l"]["p99_ms"] <= 2.0 and up["sojourn_l"]["count"] >= 0.99 * up["packets"], up
     # within 1 % either way: the flow's delivered_ce once exceeded the marks by 1 (3022 against 3021); an ECE
-    # ACK may cover a neighbour of the marked segment, and iperf3's control connection carries marks too
-    assert abs(up["aqm_marks"] - prague["delivered_ce_packets"]) <= 0.01 * up["aqm_marks"], (up, prague)
+    # ACK may cover a neighbour of the marked segment, and iperf3's control connection carries marks too. And
+    # the ECT(1) ping shares the L queue's marks (120 pings, as likely marked as prague's packets: 5 % of them)
+    assert abs(up["aqm_marks"] - prague["delivered_ce_packets"]) <= _marks_allowance(alone), (up, prague)
     assert up["aqm_drops"] == up["queue_drops"] == 0 and prague["retransmits"] == 0, up
     [cubic] = classic["flows"]
     assert cubic["ecn"] == "off" and cubic["goodput_bps"] >= 0.9 * payload, cubic
@@ -365,7 +366,7 @@ def _claim_l4s(doc: dict) -> None:
     up = both["link"]["up"]
     assert [flows["prague"]["ecn"], flows["cubic"]["ecn"]] == ["ecn", "off"], flows  # off: it left prague's ECN
     assert up["sojourn_l"]["p99_ms"] <= 2.0 and up["sojourn_c"]["median_ms"] >= 4 * up["sojourn_l"]["median_ms"], up
-    assert abs(up["aqm_marks"] - flows["prague"]["delivered_ce_packets"]) <= 0.01 * up["aqm_marks"], up
+    assert abs(up["aqm_marks"] - flows["prague"]["delivered_ce_packets"]) <= _marks_allowance(both), up
     k = profile["aqm"]["up"]["coupling"]
     predicted = 2 / (1.22 * k) * flows["cubic"]["srtt_ms"]["mean"] / flows["prague"]["srtt_ms"]["mean"]
     ratio = flows["prague"]["goodput_bps"] / flows["cubic"]["goodput_bps"]
@@ -377,6 +378,13 @@ def _claim_l4s(doc: dict) -> None:
     assert rows["prague", "prague"]["ecn"] == "ecn" and rows["cubic", "cubic"]["ecn"] == "off"
     assert rows["prague", "prague"]["ce_fraction"]["mean"] == prague["ce_fraction"]
     assert "ce_fraction" not in rows["cubic", "cubic"] and "ce_fraction" not in rows["prague+cubic", "cubic"]
+
+
+def _marks_allowance(run: dict) -> float:
+    """How far the L queue's marks may be from prague's delivered_ce: 1 %, and the ECT(1) pings' own marks at
+    three times prague's CE fraction (4.7-5.1 %: 6 of 120 pings expected, 18 allowed)."""
+    [prague] = [f for f in run["flows"] if f["algorithm"] == "prague"]
+    return 0.01 * run["link"]["up"]["aqm_marks"] + 3 * prague["ce_fraction"] * run["ping_l4s"]["sent"]
 
 
 def _l4s_pings(doc: dict, runs: dict[str, dict], base_ms: float) -> None:
