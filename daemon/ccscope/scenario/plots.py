@@ -285,9 +285,10 @@ def _queueing_rows(name: str, runs: list[dict], base_ms: float) -> list[tuple[st
         found = [up[key] for up in ups if key in up]
         rows.append((name + label, None, tuple(statistics.median([q[f"{p}_ms"] for q in found])
                                                for p in ("median", "p95", "p99"))))
-    pings = [r["ping"]["rtt_ms"]["median"] for r in runs if r.get("ping") and r["ping"]["rtt_ms"].get("median")]
-    if pings:
-        rows.append((f"{name} ping", max(0.0, statistics.median(pings) - base_ms), None))
+    for stream in PING_STREAMS:
+        pings = [r[stream]["rtt_ms"]["median"] for r in runs if r.get(stream) and r[stream]["rtt_ms"].get("median")]
+        if pings:
+            rows.append((f"{name} {PING_LABELS[stream]}", max(0.0, statistics.median(pings) - base_ms), None))
     return rows
 
 

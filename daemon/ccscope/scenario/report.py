@@ -1,5 +1,5 @@
-"""report.html and the terminal summary, from results.json and the per-flow CSVs only (so `ccscope report
-DIR` can re-render any results directory); the plots are plots.py's, the CSVs series.py's.
+"""report.html, from results.json and the per-flow CSVs only (so `ccscope report DIR` can re-render any
+results directory); the plots are plots.py's, the CSVs series.py's, the terminal summary summary.py's.
 
 The CSVs are read through confined.py and parsed completely by load_series() before render() writes
 anything, so a bad results directory is one line and leaves no half-written report behind."""
