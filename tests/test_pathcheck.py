@@ -19,6 +19,7 @@ import pytest
 from ccscope.emulation import PathProfile, Testbed, pathcheck
 from ccscope.emulation.backends import DELAYLINE, tbf_params
 from ccscope.scenario import spec
+from ccscope.scenario.emulated import _link_delta, machine_stalls
 from ccscope_testkit.prereqs import require, require_root, require_tools
 from emulation_helpers import left_by
 
@@ -377,6 +378,30 @@ def test_the_delay_line_counts_the_packets_a_stall_made_late():
     reply_late = down_after["max_late_us"] if down_after["late_releases"] > down_before["late_releases"] else 0
     rtt = float(re.search(r"time=([0-9.]+) ms", out).group(1)) / 1e3
     assert rtt > 0.1 and (after["max_late_us"] + reply_late) / 1e6 == pytest.approx(rtt - 0.020, abs=0.003)
+
+
+def test_a_run_whose_delay_line_stalled_gets_a_warning_with_its_count():
+    """What a scenario's link record says of a stall (emulated.machine_stalls), from the delay lines' counts."""
+    require_root()
+    require_tools("ip", "iptables", "ethtool", "ping")
+    require(DELAYLINE.is_file(), f"{DELAYLINE.name} not built: run make")
+    with Testbed(profile(delay="10ms")) as tb:
+        tb.ping_rtts(count=1)
+        before = tb.link_stats()
+        held = stall(tb._delaylines["up"].proc, 0.15)
+        tb.run(tb.sender_ns, ["ping", "-n", "-q", "-c", "20", "-i", "0.01", "-W", "2", tb.receiver_addr], timeout=5)
+        held.join()
+        link = _link_delta(tb.link_stats(), before)
+    late = link["up"]["late_releases"] + link["down"]["late_releases"]
+    packets = link["up"]["packets"] + link["down"]["packets"]
+    # the pings sent while the 150 ms stall lasted (ping starts 20-60 ms into it: 9-15 of 20, every 10 ms), each
+    # late by the stall's rest less the path's 10 ms; their replies leave on time
+    assert 3 <= link["up"]["late_releases"] <= 15 and link["up"]["max_late_ms"] >= 20, link["up"]
+    assert machine_stalls(link) == (f"the machine stalled the delay line: {late} of {packets} packets left over "
+                                    f"2 ms late (up to {link['up']['max_late_ms']:.0f} ms); this run's delays and "
+                                    "rates are partly the machine's")
+    quiet = {d: {**counts, "late_releases": 0} for d, counts in link.items()}
+    assert machine_stalls(quiet) is None and machine_stalls({}) is None
 
 
 def test_verify_takes_the_pings_again_when_the_delay_line_ran_late():

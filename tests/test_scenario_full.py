@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from ccscope.emulation.backends import tbf_params
 from ccscope.scenario import results, spec
+from ccscope.scenario.emulated import machine_stalls
 from ccscope.units import parse_duration
 from ccscope_testkit.kernel_cc import bbr_gains_match, cubic_reduction
 from ccscope_testkit.prereqs import require_bpf_object, require_root, require_tools
@@ -392,11 +393,23 @@ def _l4s_pings(doc: dict, runs: dict[str, dict], base_ms: float) -> None:
     ECT(1) one waits as long as the L queue's packets, the plain one as long as the C queue's, and beside cubic's
     standing C queue the ECT(1) ping passes it. Three full runs (2026-11-27): the ECT(1) ping's median less the
     path 0.2-0.8 ms, 0.08-0.33 ms above the L queue's median sojourn; the plain one's 13.9-15.1 ms beside cubic,
-    12-19 % above the C queue's median (a histogram bucket's middle, within 9 %; the ping's own path adds ~1 ms)."""
+    12-19 % above the C queue's median (a histogram bucket's middle, within 9 %; the ping's own path adds ~1 ms).
+    A ping also carries the time the machine did not run the delay lines, which they record (link late_releases,
+    max_late_ms): in a CI run on a busy host cubic's L ping had a p95 5.7 ms above the path while the L queue's
+    sojourn p99 was 0.23 ms, and in a run with 1.5 % of its packets late (up to 19 ms) the plain ping's median
+    was 3.3 ms (44 %) above the C queue's. So the ECT(1) ping's tail may add each direction's longest lateness,
+    and the medians are held to the queues' only where the run has no stall warning (machine_stalls); where it
+    has one, the run says so."""
     for label in ("cubic", "prague+cubic"):
         run = runs[label]
         up, plain, marked = run["link"]["up"], run["ping"]["rtt_ms"], run["ping_l4s"]["rtt_ms"]
-        assert marked["p95"] - base_ms <= 2.0 and plain["median"] - base_ms >= 8.0, (label, plain, marked)
+        machine_ms = up["max_late_ms"] + run["link"]["down"]["max_late_ms"]
+        assert marked["p95"] - base_ms <= 2.0 + machine_ms, (label, marked, machine_ms)
+        assert plain["median"] - base_ms >= 8.0, (label, plain, marked)
+        stalled = machine_stalls(run["link"])
+        if stalled is not None:
+            assert f"{run['label']}: {stalled}" in doc["warnings"], doc["warnings"]
+            continue
         assert abs(marked["median"] - base_ms - up["sojourn_l"]["median_ms"]) <= 0.5, (label, marked, up)
         c_queue = up["sojourn_c"]["median_ms"]
         assert abs(plain["median"] - base_ms - c_queue) <= 0.3 * c_queue, (label, plain, up)

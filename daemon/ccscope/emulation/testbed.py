@@ -374,6 +374,8 @@ class Testbed:
                         rec["aqm_step_marks"] = s.get("aqm_step_marks", 0)
                     rec.update({k: v for k, v in s.items() if k.startswith(sojourn.PREFIXES)})
                 rec["delay_overflows"] = s.get("kernel_queue_dropped", 0) + s.get("kernel_user_dropped", 0)
+                rec["late_releases"] = s.get("late_releases", 0)  # the machine's stalls (delayline.c LATE_NS)
+                rec["max_late_ms"] = s.get("max_late_us", 0) / 1e3  # not a counter: the path's whole life
             out[direction] = rec
         return out
 

@@ -120,6 +120,8 @@ class LinkDirection(TypedDict):
     sojourn: NotRequired[Sojourn]
     sojourn_l: NotRequired[Sojourn]  # dualpi2: its L queue's packets
     sojourn_c: NotRequired[Sojourn]  # and its C queue's
+    late_releases: NotRequired[int]  # the delay line's: packets released over 2 ms after due (the machine's stall)
+    max_late_ms: NotRequired[float]  # the longest such stall since the path was made
 
 
 class Link(TypedDict, total=False):

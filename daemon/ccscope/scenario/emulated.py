@@ -61,6 +61,9 @@ class EmulatedPath:
             finally:
                 opened.link_samples = meter.stop()
             record.link = _link_delta(tb.link_stats(), link_before)
+            stalled = machine_stalls(record.link)
+            if stalled:
+                self.doc["warnings"].append(f"{record.label}: {stalled}")
 
     def _environment(self, tb: Testbed) -> None:
         environment = self.doc["environment"]
@@ -116,6 +119,25 @@ def bulk_series(flow: BulkFlow, series: dict[int, FlowSeries]) -> FlowSeries | N
             return max(by_sport, key=lambda s: (s.dport == flow.port, s.samples[-1].bytes_acked))
     to_server = [s for s in series.values() if s.dport == flow.port and s.samples]
     return max(to_server, key=lambda s: s.samples[-1].bytes_acked, default=None)
+
+
+# Late releases beyond this share of the run's packets make a warning. A quiet machine releases none or a few
+# (the delay line wakes within 0.14 ms beside two busy loops); a host whose neighbours took 25-38 % of its CPU
+# (vmstat's steal, 2026-11-27) released 4-17 % of an l4s run's packets late, by up to 31 ms, and cut cubic's
+# goodput from 47.7 to 33-42 Mbit/s of 50.
+STALL_WARNING_SHARE = 0.01
+
+
+def machine_stalls(link: dict) -> str | None:
+    """One line when the delay lines released more than STALL_WARNING_SHARE of the run's packets late: then the
+    run's delays and rates are partly the machine's, not the emulated path's."""
+    late = sum(d.get("late_releases", 0) for d in link.values())
+    packets = sum(d.get("packets", 0) for d in link.values())
+    if not packets or late <= STALL_WARNING_SHARE * packets:
+        return None
+    worst = max(d.get("max_late_ms", 0.0) for d in link.values())
+    return (f"the machine stalled the delay line: {late} of {packets} packets left over 2 ms late (up to "
+            f"{worst:.0f} ms); this run's delays and rates are partly the machine's")
 
 
 def _link_delta(after: dict, before: dict) -> dict:
