@@ -446,6 +446,8 @@ static __always_inline void refresh(struct flow *f, struct sock *sk, struct tcp_
 	if (bpf_core_field_exists(tp->delivered_ce)) /* since 5.1 */
 		f->delivered_ce = tp->delivered_ce;
 	f->ecn_flags = tp->ecn_flags;
+	if (bpf_core_field_exists(tp->dsack_dups)) /* since 5.0 */
+		f->dsack_dups = tp->dsack_dups;
 	f->rate_delivered = tp->rate_delivered;
 	f->rate_interval_us = tp->rate_interval_us;
 	f->bytes_acked = tp->bytes_acked;

@@ -103,6 +103,8 @@ struct flow {
 	__u32 delivered_ce;    /* packets delivered with a CE mark, as the peer fed back (tcpi_delivered_ce) */
 	__u8 ecn_flags;        /* tp->ecn_flags: bit 0 classic ECN, bit 4 AccECN (6.18+), both while pending */
 	__u8 __pad1[3];
+	__u32 dsack_dups;      /* segments the peer reported it already had (DSACK): spurious retransmits, 5.0+ */
+	__u32 __pad2;
 };
 
 /* Retransmitted segments of one flow by cause, keyed by socket cookie in the `retrans_causes` map. */

@@ -187,6 +187,7 @@ struct tcp_sock {
 	__u64 bytes_received;
 	__u64 tcp_mstamp;
 	__u32 delivered_ce;
+	__u32 dsack_dups;
 	__u8 ecn_flags;		/* TCP_ECN_*: bpf/cc/prague.bpf.c writes TCP_ECN_DEMAND_CWR */
 	__u32 rcv_nxt;
 };

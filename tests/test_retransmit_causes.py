@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from ccscope.bpf_types import RetransCause
+from ccscope.flows import decode
 from ccscope.loader import ProbeOptions, TelemetryProbe
 from ccscope_testkit.net import Link, wait_for
 from ccscope_testkit.prereqs import require_bpf_object, require_root, require_tools
@@ -39,6 +40,7 @@ class End:
 
     causes: dict[RetransCause, int]
     moved: dict[str, int]
+    spurious: int  # the flow's spurious_retransmits (tcpi_dsack_dups) as ccscope last read it
 
 
 @pytest.fixture(scope="module")
@@ -77,12 +79,14 @@ def _run(link: Link, mode: str, seconds: float, during=None) -> tuple[End, End]:
                                                     f"dport = :{PORT} )").stdout.strip() for ns in cookies), 30), \
                 "a socket of the flow did not close"
             found = probe.retransmit_causes(cookies.values())
+            last = {record.cookie: decode(record) for record in probe.read_flows()}  # closed, still in the map
             after = {ns: _counters(link, ns) for ns in cookies}
     finally:
         server.kill()
         server.wait()
     sender, receiver = (End(found.get(cookies[ns], dict.fromkeys(RetransCause, 0)),
-                            {name: after[ns][name] - before[ns].get(name, 0) for name in after[ns]})
+                            {name: after[ns][name] - before[ns].get(name, 0) for name in after[ns]},
+                            last[cookies[ns]].spurious_retransmits)
                         for ns in (link.a, link.b))
     return sender, receiver
 
@@ -192,3 +196,25 @@ def test_a_lost_handshake_is_rto_at_both_ends(link: Link) -> None:
         assert end.causes[RetransCause.RTO] >= end.moved["TcpExt.TCPSynRetrans"], end
         assert sum(end.causes.values()) == end.moved["Tcp.RetransSegs"], end
         assert end.causes[RetransCause.OTHER] == 0, end
+
+
+def test_acks_lost_for_a_while_make_the_timeouts_retransmits_spurious(link: Link) -> None:
+    """Every ACK to the sender dropped for 0.6 s: its RTOs (200 ms, then 400) retransmit what the receiver already
+    has, and the receiver says so with a DSACK once ACKs get through; ccscope's spurious_retransmits is the
+    kernel's tcpi_dsack_dups, as the sender's namespace counts it (TcpExt TCPDSACKRecvSegs). In 5 runs: 2 RTOs,
+    1 spurious (the first one's DSACK was dropped with the ACKs), equal to the kernel's each time."""
+    def lose_acks() -> None:
+        time.sleep(0.5)
+        link.ns(link.a, "iptables", "-I", "INPUT", "-p", "tcp", "--sport", str(PORT), "-j", "DROP")
+        time.sleep(0.6)
+        link.ns(link.a, "iptables", "-F", "INPUT")
+
+    try:
+        sender, receiver = _run(link, "bulk", 2, lose_acks)
+    finally:
+        link.ns(link.a, "iptables", "-F", "INPUT")
+    _assert_sum(sender)
+    assert sender.causes[RetransCause.RTO] >= sender.moved["TcpExt.TCPTimeouts"] >= 1, sender
+    assert 1 <= sender.spurious == sender.moved["TcpExt.TCPDSACKRecvSegs"], sender
+    assert sender.spurious <= sum(sender.causes.values()), sender
+    assert receiver.spurious == 0 and receiver.moved["TcpExt.TCPDSACKOldSent"] >= 1, receiver

@@ -97,6 +97,8 @@ class Flow(ctypes.Structure):
         ("delivered_ce", u32),
         ("ecn_flags", u8),
         ("__pad1", u8 * 3),
+        ("dsack_dups", u32),
+        ("__pad2", u32),
     ]
 
 

@@ -60,6 +60,9 @@ FLOW_METRICS: tuple[tuple[str, str, str, object], ...] = (
     ("ccscope_flow_bytes_received", "Bytes received.", "counter", lambda f: f.bytes_received),
     ("ccscope_flow_retransmits", "Retransmitted segments (tcpi_total_retrans).", "counter",
      lambda f: f.retransmits),
+    ("ccscope_flow_spurious_retransmits", "Retransmitted segments the peer reported it already had (DSACK, "
+     "tcpi_dsack_dups): a timeout or a recovery that the path's delay or reordering made needless.", "counter",
+     lambda f: f.spurious_retransmits),
     ("ccscope_flow_lost_packets", "Packets marked lost, retransmissions included.", "counter",
      lambda f: f.lost_packets),
     ("ccscope_flow_delivered_packets", "Packets delivered to the peer (tcpi_delivered).", "counter",

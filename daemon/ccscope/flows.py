@@ -79,6 +79,7 @@ class FlowRecord:
     delivered_packets: int = 0     # tcpi_delivered
     delivered_ce_packets: int = 0  # tcpi_delivered_ce: delivered with a CE mark, as the peer fed back
     ecn: str = "off"               # negotiated: ECN_MODES' values
+    spurious_retransmits: int = 0  # tcpi_dsack_dups: retransmitted segments the peer already had (DSACK)
 
     @property
     def bytes_total(self) -> int:
@@ -150,7 +151,7 @@ def record_fields(flow: bt.Flow | bt.FlowTuple) -> dict:
      sport, dport, ca_state, sk_state, event, _pad0, saddr, daddr, snd_cwnd, snd_ssthresh, srtt_us, rttvar_us,
      min_rtt_us, mss_cache, packets_out, retrans_out, lost_out, sacked_out, total_retrans, lost, delivered,
      rate_delivered, rate_interval_us, _retransmit_events, ca_name, cgroup_id, tgid, _cgroup_slot, comm,
-     delivered_ce, ecn_flags, *_) = flow
+     delivered_ce, ecn_flags, _pad1, dsack_dups, *_) = flow
     family = socket.AF_INET6 if family == socket.AF_INET6 else socket.AF_INET
     delivery = 0.0
     if rate_delivered and rate_interval_us:
@@ -192,6 +193,7 @@ def record_fields(flow: bt.Flow | bt.FlowTuple) -> dict:
         "delivered_packets": delivered,
         "delivered_ce_packets": delivered_ce,
         "ecn": ECN_MODES[ecn_flags & ECN_MODE_BITS],
+        "spurious_retransmits": dsack_dups,
     }
 
 

@@ -81,6 +81,8 @@ INSTRUMENTS: tuple[Instrument, ...] = (
     _one("system.network.tcp.acked", "By", "counter", "Bytes acknowledged by the peer.", "ccscope_flow_bytes_acked"),
     _one("system.network.tcp.retransmits", "{segment}", "counter", "Retransmitted segments (tcpi_total_retrans).",
          "ccscope_flow_retransmits"),
+    _one("ccscope.tcp.flow.spurious_retransmits", "{segment}", "counter",
+         "Retransmitted segments the peer already had (DSACK, tcpi_dsack_dups).", "ccscope_flow_spurious_retransmits"),
     _one("system.network.tcp.lost", "{packet}", "counter", "Packets marked lost, retransmissions included.",
          "ccscope_flow_lost_packets"),
     _one("system.network.tcp.delivered", "{packet}", "counter", "Packets delivered to the peer.",

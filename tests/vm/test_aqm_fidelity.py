@@ -156,22 +156,25 @@ def test_the_aqms_counts_match_the_endpoints(runs, aqm: str) -> None:
     """Each implementation's own count against the endpoints': with Accurate ECN (fq_codel) the sender's kernel
     counts every CE mark the receiver saw (tcpi_delivered_ce), which must equal the AQM's marks; a drop of a
     data packet is one retransmission (codel, pie), give or take the few packets that are not the flow's data
-    (a SYN, a FIN, pure ACKs, and pings, which the AQM may drop too)."""
+    (a SYN, a FIN, pure ACKs, and pings, which the AQM may drop too). Under TCG the guest's timers fire late, and
+    a retransmit the receiver already had (spurious_retransmits, DSACK) is the machine's, not the AQM's: a CI
+    run's fq_codel flow retransmitted one segment with no drop anywhere."""
     for implementation in ("kernel", "ccscope"):
         for run in _runs(runs, aqm, implementation):
             up, flow = run["link"]["up"], run["flows"][0]
             lost_pings = run["ping"]["sent"] - run["ping"]["received"]
+            retransmits = flow["retransmits"] - flow["spurious_retransmits"]
             if aqm == "fq_codel":
                 assert flow["ecn"] == "accecn", flow["ecn"]
                 # it drops only what cannot carry a mark (Not-ECT: a SYN, a FIN, a pure ACK, a ping; one
                 # such drop in one of 8 runs), and the flow loses nothing
-                assert up["aqm_drops"] <= lost_pings + 2 and flow["retransmits"] == 0, (up, flow["retransmits"])
+                assert up["aqm_drops"] <= lost_pings + 2 and retransmits == 0, (up, flow)
                 # every mark counted at the receiver, give or take iperf3's control connection, which
                 # negotiates AccECN too (measured: equal in 7 of 8 runs, one apart in the eighth)
                 assert 0 <= up["aqm_marks"] - flow["delivered_ce_packets"] <= 2, (implementation, flow, up)
             else:
-                assert flow["retransmits"] <= up["aqm_drops"] <= flow["retransmits"] + lost_pings + 2, \
-                    (implementation, up, flow["retransmits"], lost_pings)
+                assert retransmits <= up["aqm_drops"] <= retransmits + lost_pings + 2, \
+                    (implementation, up, flow, lost_pings)
 
 
 # --- DualPI2: the kernel's sch_dualpi2 (built by the lab) against ccscope's, prague and cubic together ------

@@ -51,6 +51,7 @@ class FlowResult(TypedDict):
     goodput_bps: float | None
     srtt_ms: Summary
     retransmits: int | None
+    spurious_retransmits: NotRequired[int | None]  # tcpi_dsack_dups: of those, the peer already had (DSACK)
     retransmit_ratio: float | None
     samples: int
     goodput_common_bps: NotRequired[float | None]

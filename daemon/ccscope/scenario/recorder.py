@@ -103,6 +103,7 @@ class FlowSeries:
     ecn: str | None = None
     delivered_packets: int | None = None
     delivered_ce_packets: int | None = None
+    spurious_retransmits: int | None = None
 
     @property
     def cc(self) -> str:
@@ -190,6 +191,7 @@ class Recorder:
             series.samples.append(Sample.of(flow))
             series.ecn, series.delivered_packets = flow.ecn, flow.delivered_packets
             series.delivered_ce_packets = flow.delivered_ce_packets
+            series.spurious_retransmits = flow.spurious_retransmits
 
     def start(self, netns: int) -> None:
         with self._lock:
