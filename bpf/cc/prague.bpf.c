@@ -20,14 +20,15 @@
  *       the state is Open again; undo restores it.
  *   Pacing at 200 % of cwnd/srtt in slow start and 100 % after it (Prague's), by TCP's own pacing
  *       (no fq needed).
- * Receiver (the accepted socket runs it too): ECE on exactly the ACKs of CE-marked data (DCTCP's state
- *   machine): at each change between CE and not-CE data, a delayed ACK of the old state is sent first and
- *   the new segment is ACKed at once.
+ * Receiver (the accepted socket runs it too), with classic ECN: ECE on exactly the ACKs of CE-marked data
+ *   (DCTCP's state machine): at each change between CE and not-CE data, a delayed ACK of the old state is
+ *   sent first and the new segment is ACKed at once. With AccECN (where both ends' net.ipv4.tcp_ecn is 3,
+ *   kernels after 6.18) the kernel's ACE counter already feeds back every CE packet, and this stays out.
  * ECN: the ops carry TCP_CONG_NEEDS_ECN, so the SYN asks for ECN and data go out ECT(0) whatever
- *   net.ipv4.tcp_ecn says; a listener running it accepts ECN. Mainline kernels up to 6.19 let no congestion
- *   control send ECT(1), the L4S identifier, nor (up to 6.18) negotiate AccECN: so this sends ECT(0) with
- *   classic ECN feedback, and reaches a DualPI2 L queue only where the AQM classifies any ECT as L4S
- *   (`ecn_mask: any_ect`, a lab setting). Without ECN negotiated it becomes the kernel's reno at init.
+ *   net.ipv4.tcp_ecn says; a listener running it accepts ECN, AccECN where both ends allow it. Mainline
+ *   kernels up to 6.19 let no congestion control send ECT(1), the L4S identifier: so this sends ECT(0), and
+ *   reaches a DualPI2 L queue only where the AQM classifies any ECT as L4S (`ecn_mask: any_ect`, a lab
+ *   setting). Without ECN of either kind negotiated it becomes the kernel's reno at init.
  * Not done: Prague's RTT independence, its classic-ECN-AQM detection, sub-segment windows and its GSO cap.
  */
 #include "cc_common.h"
@@ -46,6 +47,8 @@ char LICENSE[] SEC("license") = "GPL";
 #define ICSK_ACK_NOW 16
 #define TCP_ECN_MODE_RFC3168 1
 #define TCP_ECN_DEMAND_CWR 4
+#define TCP_ECN_MODE_ACCECN 16	/* 6.18+; no meaning before */
+#define TCP_ECN_MODE_ANY (TCP_ECN_MODE_RFC3168 | TCP_ECN_MODE_ACCECN)
 #define TCP_CONG_NEEDS_ECN 2
 #define TCP_ESTABLISHED 1
 #define TCP_CLOSE 7
@@ -67,7 +70,7 @@ void BPF_PROG(prague_init, struct sock *sk)
 	struct prague *p = inet_csk_ca(sk);
 	__u8 state = sk->__sk_common.skc_state;
 
-	if (state != TCP_LISTEN && state != TCP_CLOSE && !(tp->ecn_flags & TCP_ECN_MODE_RFC3168)) {
+	if (state != TCP_LISTEN && state != TCP_CLOSE && !(tp->ecn_flags & TCP_ECN_MODE_ANY)) {
 		/* no ECN with the peer: reno (re-initialising without NEEDS_ECN also clears ECT) */
 		char fallback[] = "reno";
 
@@ -219,7 +222,9 @@ void BPF_PROG(prague_cwnd_event, struct sock *sk, int event)
 		prague_halve(p, tp, p->frac_cwnd);
 		return;
 	}
-	if (event != CA_EVENT_ECN_IS_CE && event != CA_EVENT_ECN_NO_CE)
+	/* AccECN's ACE field counts the CE packets itself (tp->delivered_ce at the sender is exact): ECE is part
+	 * of that counter there, and the receiver must leave it alone */
+	if ((event != CA_EVENT_ECN_IS_CE && event != CA_EVENT_ECN_NO_CE) || tp->ecn_flags & TCP_ECN_MODE_ACCECN)
 		return;
 	ce_state = event == CA_EVENT_ECN_IS_CE;
 	if (p->ce_state != ce_state) {
