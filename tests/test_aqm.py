@@ -69,6 +69,8 @@ def test_an_aqm_is_named_with_its_parameters(raw, expected) -> None:
     ({"rate": "10mbit", "aqm": {"name": "codel", "target": "200ms"}},
      "profiles.x.up.aqm.target: 200ms is not below the interval 100ms (RFC 8289: 5 % to 10 % of it)"),
     ({"rate": "10mbit", "aqm": {"target": "5ms"}},
+     "profiles.x.up.aqm: the mapping needs `name`, the AQM (fifo, codel, fq_codel, pie, fq_pie, cake, dualpi2)"),
+    ({"rate": "10mbit", "aqm": {"name": None}},
      "profiles.x.up.aqm: None is not an AQM (known: fifo, codel, fq_codel, pie, fq_pie, cake, dualpi2)"),
     ({"rate": "10mbit", "aqm": ["codel"]},
      "profiles.x.up.aqm: expected an AQM's name (fifo, codel, fq_codel, pie, fq_pie, cake, dualpi2) or a mapping "

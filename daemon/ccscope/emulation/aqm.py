@@ -81,7 +81,9 @@ class Aqm:
         if not isinstance(data, dict):
             raise UsageError(f"{where}: expected an AQM's name ({', '.join(KNOWN)}) or a mapping with `name`, "
                              f"got {raw!r}")
-        name = _name(data.get("name"), where)
+        if "name" not in data:
+            raise UsageError(f"{where}: the mapping needs `name`, the AQM ({', '.join(KNOWN)})")
+        name = _name(data["name"], where)
         defaults = DEFAULTS.get(name, {})
         keys = ("name", *defaults, *(("implementation",) if name != "fifo" else ()))
         for key in data:
