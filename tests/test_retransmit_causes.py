@@ -56,10 +56,10 @@ def link() -> Iterator[Link]:
         made.close()
 
 
-def _run(link: Link, mode: str, seconds: float, during=None) -> tuple[End, End]:
-    """One flow, alone in its namespaces: the sender's end and the receiver's, each read once both sockets are
-    gone (a closed socket may still retransmit its last data)."""
-    server = link.popen(link.b, sys.executable, PEER, "serve", str(PORT), str(1 << 62),
+def _run(link: Link, mode: str, seconds: float, during=None, connections: int = 1) -> tuple[End, End]:
+    """One flow, alone in its namespaces: the sender's end and the receiver's (its first connection's), each read
+    once both sockets are gone (a closed socket may still retransmit its last data)."""
+    server = link.popen(link.b, sys.executable, PEER, "serve", str(PORT), str(1 << 62), str(connections),
                         stdout=subprocess.PIPE, text=True)
     before = {ns: _counters(link, ns) for ns in (link.a, link.b)}
     try:
@@ -218,3 +218,17 @@ def test_acks_lost_for_a_while_make_the_timeouts_retransmits_spurious(link: Link
     assert 1 <= sender.spurious == sender.moved["TcpExt.TCPDSACKRecvSegs"], sender
     assert sender.spurious <= sum(sender.causes.values()), sender
     assert receiver.spurious == 0 and receiver.moved["TcpExt.TCPDSACKOldSent"] >= 1, receiver
+
+
+def test_a_socket_that_connects_again_counts_from_zero(link: Link) -> None:
+    """A socket that disconnects (connect(AF_UNSPEC): tcp_disconnect() zeroes its total_retrans) and connects
+    again keeps its cookie and its storage: its second connection's retransmits are counted from 0, not as a
+    wrapped difference from the first's last total (bpf restart_retrans_mark at SYN_SENT). Both halves lose 1 %
+    of their data, so each retransmits."""
+    link.drop_randomly(PORT, 0.01)
+    try:
+        sender, _ = _run(link, "reconnect", 4, connections=2)
+    finally:
+        link.ns(link.b, "iptables", "-F", "INPUT")
+    _assert_sum(sender)
+    assert sender.causes[RetransCause.FAST] > 20, sender
