@@ -109,9 +109,9 @@ static __always_inline struct retrans_mark *retrans_mark(struct sock *sk, __u32 
  */
 static __always_inline void restart_retrans_mark(struct sock *sk)
 {
-	struct retrans_mark *mark = retrans_mark(sk, 0);
+	struct retrans_mark *mark = bpf_sk_storage_get(&retrans_counted, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
 
-	if (mark)
+	if (mark) /* made zeroed, or the last connection's */
 		*mark = (struct retrans_mark){};
 }
 
