@@ -58,7 +58,16 @@ def link() -> Iterator[Link]:
 
 def _run(link: Link, mode: str, seconds: float, during=None, connections: int = 1) -> tuple[End, End]:
     """One flow, alone in its namespaces: the sender's end and the receiver's (its first connection's), each read
-    once both sockets are gone (a closed socket may still retransmit its last data)."""
+    once both sockets are gone (a closed socket may still retransmit its last data). The drops a test set up in
+    either end's INPUT chain end with it."""
+    try:
+        return _run_flow(link, mode, seconds, during, connections)
+    finally:
+        for ns in (link.a, link.b):
+            link.ns(ns, "iptables", "-F", "INPUT")
+
+
+def _run_flow(link: Link, mode: str, seconds: float, during, connections: int) -> tuple[End, End]:
     server = link.popen(link.b, sys.executable, PEER, "serve", str(PORT), str(1 << 62), str(connections),
                         stdout=subprocess.PIPE, text=True)
     before = {ns: _counters(link, ns) for ns in (link.a, link.b)}
@@ -117,10 +126,7 @@ def _assert_only_acked(end: End) -> None:
 
 def test_random_loss_is_fast_retransmit(link: Link) -> None:
     link.drop_randomly(PORT, 0.01)
-    try:
-        sender, receiver = _run(link, "bulk", 3)
-    finally:
-        link.ns(link.b, "iptables", "-F", "INPUT")
+    sender, receiver = _run(link, "bulk", 3)
     _assert_sum(sender)
     _assert_only_acked(receiver)
     assert sender.causes[RetransCause.FAST] >= sender.moved["TcpExt.TCPFastRetrans"] > 20, sender
@@ -154,10 +160,7 @@ def test_what_a_socket_retransmits_before_it_is_a_flow_is_the_flows(link: Link) 
         time.sleep(0.5)
         link.ns(link.b, "iptables", "-F", "INPUT")
 
-    try:
-        sender, receiver = _run(link, "bulk", 2, heal)
-    finally:
-        link.ns(link.b, "iptables", "-F", "INPUT")
+    sender, receiver = _run(link, "bulk", 2, heal)
     _assert_sum(sender)
     _assert_only_acked(receiver)
     assert sender.causes[RetransCause.RTO] >= sender.moved["TcpExt.TCPTimeouts"] >= 1, sender
@@ -169,10 +172,7 @@ def test_a_lost_last_message_is_a_tail_loss_probe(link: Link) -> None:
     segment alone in flight the probe would wait the 200 ms too, and the next message's SACK came first); a loss
     before the tail is SACKed and fast-retransmitted. A lost SYN (one run in ten) is the sender's one RTO."""
     link.drop_randomly(PORT, 0.1)
-    try:
-        sender, _ = _run(link, "messages", 4)
-    finally:
-        link.ns(link.b, "iptables", "-F", "INPUT")
+    sender, _ = _run(link, "messages", 4)
     _assert_sum(sender)
     # TCPLossProbes counts probes, also those that sent new data instead (3 retransmits of 4 probes, once)
     assert 1 <= sender.causes[RetransCause.TLP] <= sender.moved["TcpExt.TCPLossProbes"], sender
@@ -186,11 +186,7 @@ def test_a_lost_handshake_is_rto_at_both_ends(link: Link) -> None:
     link.ns(link.b, "iptables", "-A", "INPUT", "-p", "tcp", "--dport", str(PORT), "--syn", *first_only)
     link.ns(link.a, "iptables", "-A", "INPUT", "-p", "tcp", "--sport", str(PORT), "--tcp-flags", "SYN,ACK",
             "SYN,ACK", *first_only)
-    try:
-        sender, receiver = _run(link, "bulk", 0.5)
-    finally:
-        for ns in (link.a, link.b):
-            link.ns(ns, "iptables", "-F", "INPUT")
+    sender, receiver = _run(link, "bulk", 0.5)
     for end in (sender, receiver):
         assert end.moved["TcpExt.TCPSynRetrans"] >= 1, end
         assert end.causes[RetransCause.RTO] >= end.moved["TcpExt.TCPSynRetrans"], end
@@ -209,10 +205,7 @@ def test_acks_lost_for_a_while_make_the_timeouts_retransmits_spurious(link: Link
         time.sleep(0.6)
         link.ns(link.a, "iptables", "-F", "INPUT")
 
-    try:
-        sender, receiver = _run(link, "bulk", 2, lose_acks)
-    finally:
-        link.ns(link.a, "iptables", "-F", "INPUT")
+    sender, receiver = _run(link, "bulk", 2, lose_acks)
     _assert_sum(sender)
     assert sender.causes[RetransCause.RTO] >= sender.moved["TcpExt.TCPTimeouts"] >= 1, sender
     assert 1 <= sender.spurious == sender.moved["TcpExt.TCPDSACKRecvSegs"], sender
@@ -226,9 +219,6 @@ def test_a_socket_that_connects_again_counts_from_zero(link: Link) -> None:
     wrapped difference from the first's last total (bpf restart_retrans_mark at SYN_SENT). Both halves lose 1 %
     of their data, so each retransmits."""
     link.drop_randomly(PORT, 0.01)
-    try:
-        sender, _ = _run(link, "reconnect", 4, connections=2)
-    finally:
-        link.ns(link.b, "iptables", "-F", "INPUT")
+    sender, _ = _run(link, "reconnect", 4, connections=2)
     _assert_sum(sender)
     assert sender.causes[RetransCause.FAST] > 20, sender
