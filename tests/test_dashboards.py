@@ -21,6 +21,7 @@ import tempfile
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -292,17 +293,20 @@ POD = {"namespace": "shop", "pod": "loadgen-5c7d", "pod_uid": "0b7e2a1c-3d4f-4a5
        "container": "c0ffee" * 10 + "abcd"}
 
 
-@pytest.fixture(scope="module", params=["2.42", "3"])
-def stack(request):
+VERSIONS = ("2.42", "3")  # of Prometheus: Debian's, and a current 3.x that also receives the daemon's OTLP push
+
+
+@pytest.fixture(scope="module")
+def stacks() -> Iterator[dict[str, Stack]]:
+    """One traffic run (a cubic unit, then a bbr one) that both Prometheus versions scrape side by side, so each
+    version's tests query the same flows (one run, not one per version: 25 s each)."""
     require_root()
-    require_tools("iperf3", "ip", "tc")
+    require_tools("iperf3", "ip", "tc", "prometheus")
     require_bpf_object()
     require(Path("/sys/kernel/btf/vmlinux").is_file(), "no kernel BTF")
-    if request.param == "2.42":
-        require_tools("prometheus")
-    prometheus = "prometheus" if request.param == "2.42" else str(prometheus3.binary())
-    tag = f"{os.getpid() % 100000}{request.param[0]}"  # device names: at most 15 characters
-    ns_a, ns_r, ns_b = (netns_name(f"dash{request.param[0]}{x}") for x in "arb")
+    binaries = {"2.42": "prometheus", "3": str(prometheus3.binary())}
+    tag = f"{os.getpid() % 100000}"  # device names: at most 15 characters
+    ns_a, ns_r, ns_b = (netns_name(f"dash{x}") for x in "arb")
     tmp = Path(tempfile.mkdtemp(prefix="ccscope-dash-"))
     procs: list[subprocess.Popen] = []
     exporter: ScenarioExporter | None = None
@@ -331,12 +335,15 @@ def stack(request):
             "burst", "16kb", "limit", "100kb")
         inodes = {os.stat(f"/run/netns/{ns}").st_ino for ns in (ns_a, ns_b)}
 
-        daemon_port, scenario_port, prom_port = free_port(), free_port(), free_port()
+        daemon_port, scenario_port = free_port(), free_port()
+        prom_ports = {version: free_port() for version in VERSIONS}
         # Prometheus 3 also receives the same daemon's series over OTLP (test_pushed_series_agree_with_scraped)
-        push = [] if request.param == "2.42" else ["--otlp", f"http://127.0.0.1:{prom_port}/api/v1/otlp/v1/metrics",
-                                                   "--otlp-interval", "1s", "--otlp-timeout", "0.8s"]
-        st = Stack(f"http://127.0.0.1:{prom_port}", request.param, f"http://127.0.0.1:{daemon_port}/metrics",
-                   f"http://127.0.0.1:{scenario_port}/metrics", sender_netns=str(os.stat(f"/run/netns/{ns_a}").st_ino))
+        push = ["--otlp", f"http://127.0.0.1:{prom_ports['3']}/api/v1/otlp/v1/metrics", "--otlp-interval", "1s",
+                "--otlp-timeout", "0.8s"]
+        found = {version: Stack(f"http://127.0.0.1:{port}", version, f"http://127.0.0.1:{daemon_port}/metrics",
+                                f"http://127.0.0.1:{scenario_port}/metrics",
+                                sender_netns=str(os.stat(f"/run/netns/{ns_a}").st_ino))
+                 for version, port in prom_ports.items()}
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "ccscope.cli", "daemon", "--listen", f"127.0.0.1:{daemon_port}",
              "--flows", "top:50", "--grace", "10s", "--labels", "comm,cgroup,container,pod", "--pod-logs", str(logs),
@@ -345,41 +352,47 @@ def stack(request):
         exporter = ScenarioExporter(inodes, scenario_port)
         (tmp / "prometheus.yml").write_text(PROM_CONFIG.format(
             rules=json.dumps([str(r) for r in RULES]), daemon=daemon_port, scenario=scenario_port))
-        procs.append(subprocess.Popen(
-            [prometheus, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",
-             f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn",
-             *(["--web.enable-otlp-receiver"] if push else [])],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        for version, port in prom_ports.items():
+            procs.append(subprocess.Popen(
+                [binaries[version], f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / version}",
+                 f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn",
+                 *(["--web.enable-otlp-receiver"] if version == "3" else [])],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         procs.append(subprocess.Popen(["ip", "netns", "exec", ns_b, "iperf3", "-s", "-B", "198.51.100.2"],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
 
-        def targets_up() -> bool:
+        def targets_up(st: Stack) -> bool:
             if procs[0].poll() is not None:
                 raise AssertionError(f"ccscope daemon exited: {procs[0].stderr.read().decode()}")
             active = st.api("targets")["activeTargets"]
             return len(active) == 2 and all(t["health"] == "up" for t in active)
 
-        _wait("Prometheus scraping both exporters", targets_up, 30)
+        for version, st in found.items():
+            _wait(f"Prometheus {version} scraping both exporters", lambda st=st: targets_up(st), 30)
         _wait("iperf3 server", lambda: "5201" in _sh("ip", "netns", "exec", ns_b, "ss", "-ltn"))
-        st.start = time.time() - 1
+        start, events, iperf = time.time() - 1, {}, []
 
         def unit(algorithm: str, seconds: int, *extra: str) -> None:
             exporter.label({**SCENARIO, "algorithm": algorithm})
-            st.events[algorithm] = time.time()
+            events[algorithm] = time.time()
             out = _sh(*Tree.command(pod_cgroup, "ip", "netns", "exec", ns_a, "iperf3", "-c", "198.51.100.2",
                                     "-t", str(seconds), "-J", *extra))
-            st.iperf.append(json.loads(out))
+            iperf.append(json.loads(out))
             exporter.label({})
 
         unit("cubic", 8, "-C", "cubic")
         time.sleep(2)             # the runner's gap between units
         unit("bbr", 6, "-C", "bbr")
-        st.events["end"] = time.time()
+        events["end"] = time.time()
         # Stale markers for the run's series (the first scrape without them) and rule evaluations over the
-        # end: two of each after it (1 s intervals), by Prometheus's own account.
-        _wait("two scrapes and rule evaluations after the run", lambda: _all_past(st, st.events["end"] + 2), 30)
-        st.end = time.time()
-        yield st
+        # end: two of each after it (1 s intervals), by each Prometheus's own account.
+        for version, st in found.items():
+            _wait(f"two scrapes and rule evaluations after the run ({version})",
+                  lambda st=st: _all_past(st, events["end"] + 2), 30)
+        end = time.time()
+        for st in found.values():
+            st.start, st.end, st.events, st.iperf = start, end, events, iperf
+        yield found
     finally:
         if exporter:
             exporter.close()
@@ -389,6 +402,11 @@ def stack(request):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         cleanup.close()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module", params=VERSIONS)
+def stack(request, stacks: dict[str, Stack]) -> Stack:
+    return stacks[request.param]
 
 
 def test_the_flow_saw_losses(stack: Stack):
