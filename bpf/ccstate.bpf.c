@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
 /*
  * ccstate: each congestion control's own state per flow (BBR's mode, gains and estimates; CUBIC's W_max, K
- * and epoch), read with CO-RE from inet_csk(sk)->icsk_ca_priv on tcp:tcp_probe.
+ * and epoch; DCTCP's alpha), read with CO-RE from inet_csk(sk)->icsk_ca_priv on tcp:tcp_probe.
  *
  * An object of its own beside ccscope.bpf.o: a kernel that lacks one algorithm's type still loads it (the
  * reads of a missing type sit behind bpf_core_type_exists and are never run), and a kernel that refuses it
@@ -114,6 +114,9 @@ static __always_inline __u32 classify(struct tcp_sock *tp, const struct tcp_cong
 	if (bpf_core_type_exists(struct bictcp) && name[0] == 'c' && name[1] == 'u' && name[2] == 'b' &&
 	    name[3] == 'i' && name[4] == 'c' && !name[5])
 		return CCSTATE_CUBIC;
+	if (bpf_core_type_exists(struct dctcp) && name[0] == 'd' && name[1] == 'c' && name[2] == 't' &&
+	    name[3] == 'c' && name[4] == 'p' && !name[5])
+		return CCSTATE_DCTCP;
 	return tagged_kind(tp);
 }
 
@@ -231,6 +234,19 @@ static __always_inline void copy_prague(struct prague_state *out, struct tcp_soc
 	out->snd_ssthresh = tp->snd_ssthresh;
 }
 
+static __always_inline void copy_dctcp(struct dctcp_state *out, struct tcp_sock *tp)
+{
+	struct dctcp *d = (void *)tp->inet_conn.icsk_ca_priv;
+
+	if (!bpf_core_type_exists(struct dctcp))
+		return;
+	out->alpha = d->dctcp_alpha;
+	out->loss_cwnd = d->loss_cwnd;
+	out->ce_state = d->ce_state;
+	out->snd_cwnd = tp->snd_cwnd;
+	out->snd_ssthresh = tp->snd_ssthresh;
+}
+
 /* The record of this socket, made (or made again, after a change of algorithm) for `kind`. */
 static __noinline struct ccstate *record_for(__u64 cookie, __u32 kind)
 {
@@ -280,8 +296,10 @@ static __noinline int copy(struct tcp_sock *tp, __u64 cookie, __u64 ops, struct 
 		copy_westwood(&st->westwood, tp);
 	else if (kind == CCSTATE_COPA)
 		copy_copa(&st->copa, tp);
-	else
+	else if (kind == CCSTATE_PRAGUE)
 		copy_prague(&st->prague, tp);
+	else
+		copy_dctcp(&st->dctcp, tp);
 	st->updated_ns = now;
 	key = change_key(tp, kind);
 	gate->key = key;

@@ -15,6 +15,7 @@ enum ccstate_kind {
 	CCSTATE_WESTWOOD = 4,
 	CCSTATE_COPA = 5,
 	CCSTATE_PRAGUE = 6,
+	CCSTATE_DCTCP = 7, /* the kernel's tcp_dctcp.c, by name */
 };
 
 /* tcp_bbr.c's struct bbr, the fields ccscope shows. */
@@ -96,6 +97,16 @@ struct prague_state {
 	__u8 __pad0[2];
 };
 
+/* tcp_dctcp.c's struct dctcp. */
+struct dctcp_state {
+	__u32 alpha;           /* dctcp_alpha: the EWMA (g = 1/16) of the CE fraction, 1/1024 (DCTCP_MAX_ALPHA) */
+	__u32 loss_cwnd;       /* cwnd before the last reduction, for undo */
+	__u32 snd_cwnd;
+	__u32 snd_ssthresh;
+	__u8 ce_state;         /* the receiver's: whether the last data it got was CE-marked */
+	__u8 __pad0[3];
+};
+
 #define CCSTATE_BYTES 48
 
 struct ccstate {
@@ -110,6 +121,7 @@ struct ccstate {
 		struct westwood_state westwood;
 		struct copa_state copa;
 		struct prague_state prague;
+		struct dctcp_state dctcp;
 		__u8 bytes[CCSTATE_BYTES];
 	};
 };

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
 /*
  * The private state of the kernel's own congestion controls, as CO-RE sees it: only the names matter, and
- * libbpf finds each type in vmlinux BTF or in its module's (/sys/kernel/btf/tcp_bbr on distribution kernels,
+ * libbpf finds each type in vmlinux BTF or in its module's (/sys/kernel/btf/tcp_bbr, tcp_dctcp on distribution kernels,
  * present only while the module is loaded). Bitfields are read with BPF_CORE_READ_BITFIELD, so their widths
  * and places may differ from these (older BBRs had restore_cwnd:1 and tso_segs_goal:7 among them).
  */
@@ -26,6 +26,12 @@ struct bictcp {
 	__u32 epoch_start;
 	__u32 tcp_cwnd;
 	__u8 found;
+};
+
+struct dctcp {
+	__u32 dctcp_alpha;
+	__u32 ce_state;
+	__u32 loss_cwnd;
 };
 
 #pragma clang attribute pop

@@ -92,7 +92,8 @@ def check_attach() -> Result:
     return Result("load and attach", "ok", f"3 programs attached and detached; tcp_probe casts the socket with {how}")
 
 
-STATE_TYPES = (("bbr", "bbr", "tcp_bbr"), ("cubic", "bictcp", "tcp_cubic"))  # algorithm, its struct, its module
+# algorithm, its struct, its module
+STATE_TYPES = (("bbr", "bbr", "tcp_bbr"), ("cubic", "bictcp", "tcp_cubic"), ("dctcp", "dctcp", "tcp_dctcp"))
 BTF_KIND_STRUCT = 4
 
 
@@ -110,19 +111,22 @@ def _state_type_where(libbpf: loader.Libbpf, struct: str, module: str) -> str | 
 
 
 def check_algorithm_state() -> Result:
-    """Whether flows will carry their algorithm's own state (ccstate), and for which algorithms."""
+    """Whether flows will carry their algorithm's own state (ccstate), and for which of the algorithms this kernel
+    has, loaded or as a module (one it lacks has no flows to show)."""
     from .ccstate.probe import open_optional
+    from .host.algorithms import available_algorithms
 
     state_probe, why = open_optional(64, 10_000_000)
     if state_probe is None:
         return Result("algorithm state", "warn", f"flows carry no algorithm state: {why}")
+    here = [(name, struct, module) for name, struct, module in STATE_TYPES if name in available_algorithms()]
     try:
-        where = {name: _state_type_where(state_probe.libbpf, struct, module) for name, struct, module in STATE_TYPES}
+        where = {name: _state_type_where(state_probe.libbpf, struct, module) for name, struct, module in here}
     finally:
         state_probe.close()
     found = [f"{name} ({place})" for name, place in where.items() if place] + [OURS]
     lacking = [f"{name} (its type is in no BTF: load its module, e.g. modprobe {module})"
-               for name, _, module in STATE_TYPES if not where[name]]
+               for name, _, module in here if not where[name]]
     if lacking:
         return Result("algorithm state", "warn", f"{', '.join(found) or 'none'}; no state for {', '.join(lacking)}")
     return Result("algorithm state", "ok", ", ".join(found))

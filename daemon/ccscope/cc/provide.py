@@ -71,10 +71,11 @@ def resolve(name: str, kernel: set[str] | None = None) -> Implementation:
 
 @contextlib.contextmanager
 def provided(names: list[str], what: str) -> Iterator[dict[str, Implementation]]:
-    """Resolves every name and keeps the BPF ones registered until the block ends: normally, on an error,
-    on Ctrl-C, SIGTERM or SIGHUP (`ccscope cleanup` handles kill -9)."""
+    """Resolves every name, loads the kernel's modules among them, and keeps the BPF ones registered until the
+    block ends: normally, on an error, on Ctrl-C, SIGTERM or SIGHUP (`ccscope cleanup` handles kill -9)."""
     kernel = kernel_algorithms()
     chosen = {catalog.normalize(n): resolve(n, kernel) for n in names}
+    algorithms.load_modules(impl.name for impl in chosen.values() if impl.implementation == "kernel")
     tokens: list[tuple[str, str]] = []
     with _signals_exit():
         try:

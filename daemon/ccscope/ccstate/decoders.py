@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from . import bbr, copa, cubic, prague, vegas, westwood
+from . import bbr, copa, cubic, dctcp, prague, vegas, westwood
 from .record import CcState, Kind, StateMetric
 
 AlgorithmState = (bbr.BbrState | cubic.CubicState | vegas.VegasState | westwood.WestwoodState | copa.CopaState
-                  | prague.PragueState)
+                  | prague.PragueState | dctcp.DctcpState)
 # kind -> (its union member, decode, series); a new algorithm adds one line here and a file of its own
 DECODERS = {
     Kind.BBR: ("bbr", bbr.decode, bbr.METRICS),
@@ -17,10 +17,12 @@ DECODERS = {
     Kind.WESTWOOD: ("westwood", westwood.decode, westwood.METRICS),
     Kind.COPA: ("copa", copa.decode, copa.METRICS),
     Kind.PRAGUE: ("prague", prague.decode, prague.METRICS),
+    Kind.DCTCP: ("dctcp", dctcp.decode, dctcp.METRICS),
 }
 STATE_TYPES: dict[type, tuple[StateMetric, ...]] = {
     bbr.BbrState: bbr.METRICS, cubic.CubicState: cubic.METRICS, vegas.VegasState: vegas.METRICS,
-    westwood.WestwoodState: westwood.METRICS, copa.CopaState: copa.METRICS, prague.PragueState: prague.METRICS}
+    westwood.WestwoodState: westwood.METRICS, copa.CopaState: copa.METRICS, prague.PragueState: prague.METRICS,
+    dctcp.DctcpState: dctcp.METRICS}
 
 
 def decode(raw: CcState) -> AlgorithmState | None:

@@ -19,6 +19,7 @@ class Kind(enum.IntEnum):
     WESTWOOD = 4
     COPA = 5
     PRAGUE = 6
+    DCTCP = 7  # the kernel's, by name
 
 
 class BbrStateC(ctypes.Structure):
@@ -106,9 +107,20 @@ class PragueStateC(ctypes.Structure):
     ]
 
 
+class DctcpStateC(ctypes.Structure):
+    _fields_ = [
+        ("alpha", u32),
+        ("loss_cwnd", u32),
+        ("snd_cwnd", u32),
+        ("snd_ssthresh", u32),
+        ("ce_state", u8),
+        ("__pad0", u8 * 3),
+    ]
+
+
 class _StateUnion(ctypes.Union):
     _fields_ = [("bbr", BbrStateC), ("cubic", CubicStateC), ("vegas", VegasStateC), ("westwood", WestwoodStateC),
-                ("copa", CopaStateC), ("prague", PragueStateC), ("bytes", u8 * STATE_BYTES)]
+                ("copa", CopaStateC), ("prague", PragueStateC), ("dctcp", DctcpStateC), ("bytes", u8 * STATE_BYTES)]
 
 
 class CcState(ctypes.Structure):
@@ -134,6 +146,7 @@ SHARED_STRUCTS: dict[str, type[ctypes.Structure]] = {
     "westwood_state": WestwoodStateC,
     "copa_state": CopaStateC,
     "prague_state": PragueStateC,
+    "dctcp_state": DctcpStateC,
     "ccstate": CcState,
     "ccstate_config": CcStateConfig,
 }

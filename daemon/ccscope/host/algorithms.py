@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
+from collections.abc import Iterable
 from pathlib import Path
 
 from ccscope.errors import PrerequisiteError
@@ -28,6 +31,18 @@ def _modules() -> set[str]:
 def available_algorithms() -> set[str]:
     """net.ipv4.tcp_available_congestion_control, plus algorithms the kernel can load as modules."""
     return set(_kernel_order()) | _modules()
+
+
+def load_modules(names: Iterable[str]) -> None:
+    """Loads the modules of the algorithms named that the kernel has but has not loaded yet, as their first use
+    would (a root socket's TCP_CONGESTION makes the kernel request tcp_NAME): before the telemetry opens, so the
+    algorithm-state program finds a module's type (BBR's, DCTCP's) in its BTF, which exists only while the module
+    is loaded. A module that will not load is left to the run's own error."""
+    loaded, loadable = set(_kernel_order()), _modules()
+    for name in names:
+        if name in loadable and name not in loaded:
+            with socket.socket() as sock, contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, name.encode())
 
 
 def require_algorithms(requested: list[str]) -> None:
