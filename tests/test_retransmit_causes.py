@@ -100,6 +100,16 @@ def _run_flow(link: Link, mode: str, seconds: float, during, connections: int) -
     return sender, receiver
 
 
+def _dropping(link: Link, ns: str, after_s: float, for_s: float, *match: str):
+    """A `during` for _run: after after_s, ns drops the flow's TCP segments that match, for for_s."""
+    def drop() -> None:
+        time.sleep(after_s)
+        link.ns(ns, "iptables", "-I", "INPUT", "-p", "tcp", *match, "-j", "DROP")
+        time.sleep(for_s)
+        link.ns(ns, "iptables", "-F", "INPUT")
+    return drop
+
+
 def _assert_sum(end: End) -> None:
     """Every retransmitted segment has its one cause, none of them "other" on these paths; RTO is the timeouts'
     head retransmits and the slow start after them, FAST the segments retransmitted in recovery.
@@ -133,13 +143,7 @@ def test_random_loss_is_fast_retransmit(link: Link) -> None:
 
 
 def test_a_blackhole_is_rto(link: Link) -> None:
-    def blackhole() -> None:
-        time.sleep(1)
-        link.ns(link.b, "iptables", "-I", "INPUT", "-p", "tcp", "--dport", str(PORT), "-j", "DROP")
-        time.sleep(1.5)
-        link.ns(link.b, "iptables", "-F", "INPUT")
-
-    sender, receiver = _run(link, "bulk", 5, blackhole)
+    sender, receiver = _run(link, "bulk", 5, _dropping(link, link.b, 1, 1.5, "--dport", str(PORT)))
     _assert_sum(sender)
     _assert_only_acked(receiver)
     # 1.5 s of silence: the 200 ms RTO, doubled, several times
@@ -199,13 +203,7 @@ def test_acks_lost_for_a_while_make_the_timeouts_retransmits_spurious(link: Link
     has, and the receiver says so with a DSACK once ACKs get through; ccscope's spurious_retransmits is the
     kernel's tcpi_dsack_dups, as the sender's namespace counts it (TcpExt TCPDSACKRecvSegs). In 5 runs: 2 RTOs,
     1 spurious (the first one's DSACK was dropped with the ACKs), equal to the kernel's each time."""
-    def lose_acks() -> None:
-        time.sleep(0.5)
-        link.ns(link.a, "iptables", "-I", "INPUT", "-p", "tcp", "--sport", str(PORT), "-j", "DROP")
-        time.sleep(0.6)
-        link.ns(link.a, "iptables", "-F", "INPUT")
-
-    sender, receiver = _run(link, "bulk", 2, lose_acks)
+    sender, receiver = _run(link, "bulk", 2, _dropping(link, link.a, 0.5, 0.6, "--sport", str(PORT)))
     _assert_sum(sender)
     assert sender.causes[RetransCause.RTO] >= sender.moved["TcpExt.TCPTimeouts"] >= 1, sender
     assert 1 <= sender.spurious == sender.moved["TcpExt.TCPDSACKRecvSegs"], sender

@@ -119,7 +119,8 @@ def check_algorithm_state() -> Result:
     state_probe, why = open_optional(64, 10_000_000)
     if state_probe is None:
         return Result("algorithm state", "warn", f"flows carry no algorithm state: {why}")
-    here = [(name, struct, module) for name, struct, module in STATE_TYPES if name in available_algorithms()]
+    available = available_algorithms()
+    here = [(name, struct, module) for name, struct, module in STATE_TYPES if name in available]
     try:
         where = {name: _state_type_where(state_probe.libbpf, struct, module) for name, struct, module in here}
     finally:
