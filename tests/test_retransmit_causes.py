@@ -42,6 +42,12 @@ class End:
     moved: dict[str, int]
     spurious: int  # the flow's spurious_retransmits (tcpi_dsack_dups) as ccscope last read it
 
+    def __repr__(self) -> str:
+        """Short enough that pytest prints it whole in a failure: the causes and the TCP counters that moved."""
+        causes = {cause.name: count for cause, count in self.causes.items()}
+        moved = {name: count for name, count in self.moved.items() if count and name.startswith(("Tcp.", "TcpExt."))}
+        return f"End(causes={causes}, spurious={self.spurious}, moved={moved})"
+
 
 @pytest.fixture(scope="module")
 def link() -> Iterator[Link]:
