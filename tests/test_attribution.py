@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 from ccscope.attribution import RULES, CgroupResolver, cgroup2_mount, parse_workload, truncate
-from ccscope.exporter import FLOW_LABELS, FLOW_METRICS
+from ccscope.exporter import FLOW_LABELS
+from ccscope.telemetry import quantities
 from ccscope_testkit.cgroups import Tree, cgroup_tree, kubepods_systemd, pod_logs
 from ccscope_testkit.net import cli, daemon, free_port, parse_metrics, values, wait_for
 from ccscope_testkit.prereqs import require_bpf_object, require_root
@@ -185,7 +186,7 @@ def test_labels_off_exposition_unchanged() -> None:
     assert text, "no flow series to check (the scrape itself is a flow, so there should be one)"
     families = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")}
     assert not [f for f in families if f.startswith("ccscope_cgroup")]
-    flow_families = {name for name, *_ in FLOW_METRICS}
+    flow_families = {q.prometheus for q in quantities.exported()}
     for name, labels, _ in parse_metrics(text):
         if name.removesuffix("_total") in flow_families:
             assert sorted(labels) == sorted(FLOW_LABELS), name

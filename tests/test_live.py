@@ -147,7 +147,9 @@ def test_daemon_page_charts_a_live_iperf3_flow(link: Link, tmp_path: Path) -> No
             # a few seconds of pushes, then the numbers
             wait_js(driver, f"window.ccscopeLive.flows['{charted}'].received >= 40", timeout=10)
             flow = driver.execute_script(f"return window.ccscopeLive.flows['{charted}'];")
-            info, (times, cwnd, srtt, min_rtt, mbps, _) = flow["info"], flow["cols"]
+            info, cols = flow["info"], flow["cols"]
+            times, cwnd, srtt, min_rtt, mbps = (cols[name] for name in ("t", "cwnd_segments", "srtt_s", "min_rtt_s",
+                                                                       "throughput_bps"))
             assert info["cc"] == "cubic" and info["netns"] == link.inode_a and info["dport"] == iperf_port
             assert times == sorted(times) and abs(times[-1] - time.time()) < 5  # wall clock, fresh
             assert min(cwnd) >= 1 and max(cwnd) >= 10

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from ccscope import __version__
-from ccscope.otlp import INSTRUMENTS, ExportStats, OtlpOptions, OtlpPush
+from ccscope.otlp import ExportStats, OtlpOptions, OtlpPush, instruments
 from ccscope_testkit import prometheus3
 from ccscope_testkit.net import daemon, free_port, values
 from ccscope_testkit.prereqs import ROOT, require_bpf_object, require_root, require_tools
@@ -238,7 +238,7 @@ def test_the_mapping_table_in_the_docs_is_the_code() -> None:
     rows = re.findall(r"^\| `([a-z_.]+)` \| `([^`]*)` \| (\w+) \| ([^|]+) \|", text, re.MULTILINE)
     documented = {name: (unit, kind, set(re.findall(r"`(ccscope_[a-z_]+)`", sources))) for name, unit, kind, sources
                   in rows}
-    assert documented == {i.name: (i.unit, i.kind, {family for family, _ in i.sources}) for i in INSTRUMENTS}
+    assert documented == {i.name: (i.unit, i.kind, {family for family, _ in i.sources}) for i in instruments()}
 
 
 # --- helpers -----------------------------------------------------------------------------------------------------

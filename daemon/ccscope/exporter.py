@@ -27,53 +27,12 @@ from . import __version__
 from . import bpf_types as bt
 from .attribution import OTHER, UNATTRIBUTED, Attributor, LabelOptions
 from .ccstate.decoders import ALL_METRICS, AlgorithmState, metrics_of
-from .flows import CA_STATES, FlowFilter, FlowRecord, FlowSelection, FlowTable, decode
+from .flows import FlowFilter, FlowRecord, FlowSelection, FlowTable, decode
 from .flowscan import FlowColumns
+from .telemetry import quantities
 
 FLOW_LABELS = ("netns", "flow", "src", "sport", "dst", "dport", "cc", "scenario", "profile", "algorithm", "run")
 SCENARIO_LABELS = ("scenario", "profile", "algorithm", "run")
-
-# (name, help, type, value getter); a getter returning None skips the sample.
-FLOW_METRICS: tuple[tuple[str, str, str, object], ...] = (
-    ("ccscope_flow_cwnd_segments", "Congestion window (snd_cwnd) in segments.", "gauge",
-     lambda f: f.cwnd_segments),
-    ("ccscope_flow_ssthresh_segments", "Slow-start threshold in segments; absent while still infinite.",
-     "gauge", lambda f: f.ssthresh_segments),
-    ("ccscope_flow_srtt_seconds", "Smoothed round-trip time.", "gauge", lambda f: f.srtt_s),
-    ("ccscope_flow_rttvar_seconds", "Round-trip time variation (mdev, as in TCP_INFO).", "gauge",
-     lambda f: f.rttvar_s),
-    ("ccscope_flow_min_rtt_seconds", "Minimum RTT seen by the kernel's windowed filter.", "gauge",
-     lambda f: f.min_rtt_s),
-    ("ccscope_flow_queueing_delay_seconds", "srtt minus min_rtt: delay added by queues on the path.",
-     "gauge", lambda f: f.queueing_delay_s if f.min_rtt_s is not None else None),
-    ("ccscope_flow_packets_in_flight", "Segments in flight (tcp_packets_in_flight).", "gauge",
-     lambda f: f.packets_in_flight),
-    ("ccscope_flow_pacing_rate_bytes_per_second", "Socket pacing rate; absent when unlimited.", "gauge",
-     lambda f: f.pacing_rate_Bps),
-    ("ccscope_flow_delivery_rate_bytes_per_second", "Most recent delivery rate sample.", "gauge",
-     lambda f: f.delivery_rate_Bps),
-    ("ccscope_flow_ca_state", "Congestion-avoidance state: 0 open, 1 disorder, 2 cwr, 3 recovery, 4 loss.",
-     "gauge", lambda f: CA_STATES.index(f.ca_state) if f.ca_state in CA_STATES else None),
-    ("ccscope_flow_mss_bytes", "Current sending MSS.", "gauge", lambda f: f.mss_bytes),
-    ("ccscope_flow_bytes_acked", "Bytes acknowledged by the peer.", "counter", lambda f: f.bytes_acked),
-    ("ccscope_flow_bytes_sent", "Bytes sent, retransmissions included.", "counter", lambda f: f.bytes_sent),
-    ("ccscope_flow_bytes_received", "Bytes received.", "counter", lambda f: f.bytes_received),
-    ("ccscope_flow_retransmits", "Retransmitted segments (tcpi_total_retrans).", "counter",
-     lambda f: f.retransmits),
-    ("ccscope_flow_spurious_retransmits", "Retransmitted segments the peer reported it already had (DSACK, "
-     "tcpi_dsack_dups): a timeout or a recovery that the path's delay or reordering made needless.", "counter",
-     lambda f: f.spurious_retransmits),
-    ("ccscope_flow_lost_packets", "Packets marked lost, retransmissions included.", "counter",
-     lambda f: f.lost_packets),
-    ("ccscope_flow_delivered_packets", "Packets delivered to the peer (tcpi_delivered).", "counter",
-     lambda f: f.delivered_packets),
-    ("ccscope_flow_delivered_ce_packets", "Packets delivered with a CE mark as the peer fed it back "
-     "(tcpi_delivered_ce; with classic ECN, every packet an ECE-flagged ACK covers).", "counter",
-     lambda f: f.delivered_ce_packets),
-    ("ccscope_flow_ecn", "ECN the handshake negotiated: 0 off, 1 classic (RFC 3168), 2 AccECN; absent while "
-     "pending.", "gauge", lambda f: ECN_VALUES.get(f.ecn)),
-)
-ECN_VALUES = {"off": 0, "ecn": 1, "accecn": 2}
 
 
 def _family(name: str, help_text: str, kind: str, labels: tuple[str, ...]) -> Metric:
@@ -182,10 +141,10 @@ class FlowCollector(Collector):
     def _flow_metrics(self, flows: list[FlowRecord]) -> Iterator[Metric]:
         with self._lock:
             labels = [self._flow_labels(f) for f in flows]
-        for name, help_text, kind, getter in FLOW_METRICS:
-            family = _family(name, help_text, kind, self.flow_label_names)
+        for quantity in quantities.exported():  # the per-flow series: quantities.QUANTITIES' Prometheus names
+            family = _family(quantity.prometheus, quantity.help, quantity.kind, self.flow_label_names)
             for flow, values in zip(flows, labels, strict=True):
-                value = getter(flow)
+                value = quantity.number(flow)
                 if value is not None:
                     family.add_metric(values, value)
             yield family

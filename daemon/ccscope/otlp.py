@@ -1,7 +1,7 @@
 """OTLP/HTTP push of the daemon's per-flow and host series (`ccscope daemon --otlp URL`).
 
 The series are the Prometheus collector's (exporter.FlowCollector): every push interval one collection (the
-same top-N flows and cardinality bounds as a scrape) is sent under OpenTelemetry names. INSTRUMENTS is the
+same top-N flows and cardinality bounds as a scrape) is sent under OpenTelemetry names. instruments() is the
 mapping, documented in docs/monitoring.md: semantic conventions where they exist (`network.*` attributes,
 `network.io.direction`), OpenTelemetry semconv issue #3682's proposed `system.network.tcp.*` namespace for
 the per-flow values, gRPC A80's meaning for min_rtt and delivery rate, and `ccscope.*` for what no
@@ -39,6 +39,7 @@ from . import __version__
 from .ccstate.decoders import ALL_METRICS
 from .errors import PrerequisiteError, UsageError
 from .otlp_http import Endpoint, ExportFailed, check_header, post, redact, tls_context
+from .telemetry import quantities
 
 
 @dataclass(frozen=True)
@@ -54,43 +55,19 @@ def _one(name: str, unit: str, kind: str, description: str, family: str) -> Inst
     return Instrument(name, unit, kind, description, ((family, ()),))
 
 
-INSTRUMENTS: tuple[Instrument, ...] = (
-    _one("system.network.tcp.congestion_window", "{segment}", "gauge", "Congestion window (snd_cwnd).",
-         "ccscope_flow_cwnd_segments"),
-    _one("system.network.tcp.slow_start_threshold", "{segment}", "gauge", "Slow-start threshold.",
-         "ccscope_flow_ssthresh_segments"),
-    _one("system.network.tcp.rtt", "s", "gauge", "Smoothed round-trip time (srtt).", "ccscope_flow_srtt_seconds"),
-    _one("system.network.tcp.rtt.variation", "s", "gauge", "Round-trip time variation (mdev).",
-         "ccscope_flow_rttvar_seconds"),
-    _one("system.network.tcp.rtt.min", "s", "gauge", "Minimum RTT of the kernel's windowed filter.",
-         "ccscope_flow_min_rtt_seconds"),
-    _one("system.network.tcp.queueing_delay", "s", "gauge", "srtt minus min_rtt.",
-         "ccscope_flow_queueing_delay_seconds"),
-    _one("system.network.tcp.packets_in_flight", "{packet}", "gauge", "Segments in flight.",
-         "ccscope_flow_packets_in_flight"),
-    _one("system.network.tcp.pacing_rate", "By/s", "gauge", "Socket pacing rate.",
-         "ccscope_flow_pacing_rate_bytes_per_second"),
-    _one("system.network.tcp.delivery_rate", "By/s", "gauge", "Most recent delivery rate sample.",
-         "ccscope_flow_delivery_rate_bytes_per_second"),
-    _one("system.network.tcp.congestion_state", "{state}", "gauge",
-         "Congestion-avoidance state: 0 open, 1 disorder, 2 cwr, 3 recovery, 4 loss.", "ccscope_flow_ca_state"),
-    _one("system.network.tcp.mss", "By", "gauge", "Current sending MSS.", "ccscope_flow_mss_bytes"),
-    Instrument("system.network.tcp.io", "By", "counter", "Bytes sent (retransmissions included) and received.",
-               (("ccscope_flow_bytes_sent", (("network.io.direction", "transmit"),)),
-                ("ccscope_flow_bytes_received", (("network.io.direction", "receive"),)))),
-    _one("system.network.tcp.acked", "By", "counter", "Bytes acknowledged by the peer.", "ccscope_flow_bytes_acked"),
-    _one("system.network.tcp.retransmits", "{segment}", "counter", "Retransmitted segments (tcpi_total_retrans).",
-         "ccscope_flow_retransmits"),
-    _one("ccscope.tcp.flow.spurious_retransmits", "{segment}", "counter",
-         "Retransmitted segments the peer already had (DSACK, tcpi_dsack_dups).", "ccscope_flow_spurious_retransmits"),
-    _one("system.network.tcp.lost", "{packet}", "counter", "Packets marked lost, retransmissions included.",
-         "ccscope_flow_lost_packets"),
-    _one("system.network.tcp.delivered", "{packet}", "counter", "Packets delivered to the peer.",
-         "ccscope_flow_delivered_packets"),
-    _one("ccscope.tcp.flow.delivered_ce", "{packet}", "counter",
-         "Packets delivered with a CE mark, as the peer fed it back.", "ccscope_flow_delivered_ce_packets"),
-    _one("ccscope.tcp.flow.ecn", "1", "gauge", "ECN negotiated: 0 off, 1 classic (RFC 3168), 2 AccECN.",
-         "ccscope_flow_ecn"),
+def _flow_instruments() -> list[Instrument]:
+    """The per-flow quantities' instruments (telemetry/quantities.py), those with one name merged into one."""
+    merged: dict[str, Instrument] = {}
+    for q in quantities.exported():
+        if q.otlp is None:
+            continue
+        sources = merged[q.otlp.name].sources if q.otlp.name in merged else ()
+        merged[q.otlp.name] = Instrument(q.otlp.name, q.otlp.unit, q.kind, q.otlp.description,
+                                         (*sources, (q.prometheus, q.otlp.attributes)))
+    return list(merged.values())
+
+
+HOST_INSTRUMENTS: tuple[Instrument, ...] = (
     _one("ccscope.tcp.flows", "{flow}", "gauge", "Tracked open TCP flows of the host by algorithm.",
          "ccscope_tcp_flows"),
     _one("ccscope.tcp.flows.started", "{flow}", "counter", "TCP flows first seen on the host, by algorithm.",
@@ -99,9 +76,15 @@ INSTRUMENTS: tuple[Instrument, ...] = (
          "Retransmitted segments on all flows of the host, by algorithm.", "ccscope_tcp_retransmits"),
     _one("ccscope.tcp.flow.retransmits_by_cause", "{segment}", "counter",
          "Retransmitted segments of a flow by cause (ccscope.retransmit.cause).", "ccscope_flow_retransmits_by_cause"),
-    # each algorithm's own state: named once, in its decoder (ccstate/)
-    *(_one(m.otlp, m.unit, m.kind, m.help, m.name) for m in ALL_METRICS),
 )
+
+
+def instruments() -> list[Instrument]:
+    """Every instrument pushed: the per-flow quantities', the host's, and each algorithm's own state (named once,
+    in its decoder: ccstate/)."""
+    states = (_one(m.otlp, m.unit, m.kind, m.help, m.name) for m in ALL_METRICS)
+    return [*_flow_instruments(), *HOST_INSTRUMENTS, *states]
+
 
 # Prometheus label -> OpenTelemetry attribute; an empty label value is no attribute.
 ATTRIBUTES = {
@@ -259,7 +242,7 @@ class OtlpPush:
 
     def batch(self, families: dict[str, Metric], now_ns: int):
         sdk, metrics, starts = self._sdk, [], {}
-        for instrument in INSTRUMENTS:
+        for instrument in instruments():
             points = []
             for value, attrs in observations(families, instrument):
                 key = (instrument.name, tuple(sorted(attrs.items())))

@@ -19,7 +19,7 @@ from ccscope.flows import FlowFilter, FlowRecord
 
 from .clients import Client, Clients, event
 from .naming import CcNames, CcNaming
-from .rings import BLOAT_FOR_S, BLOAT_QUEUEING_DELAY_S, BLOAT_RTT_RATIO, RING_POINTS, Rings
+from .rings import BLOAT_FOR_S, BLOAT_QUEUEING_DELAY_S, BLOAT_RTT_RATIO, POINT_LAYOUT, RING_POINTS, Rings
 from .scenario_view import ScenarioView
 from .table import FlowTable, TableSource
 
@@ -92,7 +92,7 @@ class Hub:
     def _hello(self) -> bytes:
         """Everything a page needs when it (re)connects: the rings, the table, the scenario so far."""
         flows = [{**r.refresh_info(self.naming.names), "points": f"[{','.join(r.points)}]"} for r in self.rings]
-        body = json.dumps({"mode": self.mode, "push_hz": PUSH_HZ, "ring_points": RING_POINTS,
+        body = json.dumps({"mode": self.mode, "push_hz": PUSH_HZ, "ring_points": RING_POINTS, "point": POINT_LAYOUT,
                            "flows": [{k: v for k, v in f.items() if k != "points"} for f in flows],
                            "table": self.table.rows, "scenario": self.scenario.state, "runs": list(self.scenario.runs),
                            "bloat": {"queueing_delay_s": BLOAT_QUEUEING_DELAY_S, "ratio": BLOAT_RTT_RATIO,

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from ccscope import bpf_types as bt
 from ccscope.flows import TCP_STATES, FlowFilter, FlowRecord, decode, monotonic_ns
+from ccscope.telemetry import quantities
 
 DECIMATE_S = 0.05
 DECIMATE_NS = int(DECIMATE_S * 1e9)
@@ -32,9 +33,20 @@ SKIPPED_CLEAR_S = 10.0      # flows refused a ring (or by the filter) are looked
 CLOSED_KEEP_S = 60.0        # a closed flow's ring stays this long (the page can still look at it)
 
 _HEAD = struct.Struct("=QQQQ")  # struct flow's first fields: cookie, first_ns, last_ns, closed_ns
-# What a point needs of struct flow, in struct order; one unpack of these is ~4x cheaper than the whole struct.
-POINT_FIELDS = ("last_ns", "closed_ns", "bytes_acked", "bytes_received", "sk_state", "snd_cwnd", "srtt_us",
-                "min_rtt_us", "total_retrans", "ca_name")
+_CHARTED = quantities.charted()
+# What a point needs of struct flow: the ring's own fields and each charted quantity's (telemetry/quantities.py),
+# in struct order; one unpack of these is ~4x cheaper than the whole struct.
+_RING_FIELDS = ("last_ns", "closed_ns", "bytes_acked", "bytes_received", "sk_state", "srtt_us", "min_rtt_us",
+                "ca_name")
+POINT_FIELDS = tuple(sorted({*_RING_FIELDS, *(q.live.kernel for q in _CHARTED)},
+                            key=lambda name: getattr(bt.Flow, name).offset))
+_AT = {name: i for i, name in enumerate(POINT_FIELDS)}
+_LAST, _CLOSED, _ACKED, _RECEIVED, _SK_STATE, _SRTT, _MIN_RTT, _CA_NAME = (_AT[name] for name in _RING_FIELDS)
+_VALUES = tuple((_AT[q.live.kernel], q.live.absent) for q in _CHARTED)
+# A point on the wire: [wall-clock s, kbit/s over the throughput window, each charted quantity as the kernel keeps
+# it]; the page divides each by its divisor (to ms and Mbit/s) and knows them by name.
+POINT_LAYOUT = {"fields": ["t", "throughput_bps", *(q.name for q in _CHARTED)],
+                "divisors": [1, 1e3, *(q.live.divisor for q in _CHARTED)]}
 
 
 def _subset(fields: tuple[str, ...]) -> struct.Struct:
@@ -70,7 +82,7 @@ def bufferbloat(srtt_s: float, min_rtt_s: float | None) -> bool:
 
 @dataclass
 class FlowRing:
-    """Recent decimated points of one flow: [t, cwnd, srtt_us, min_rtt_us, kbit/s, retransmits] as JSON text."""
+    """Recent decimated points of one flow (POINT_LAYOUT) as JSON text."""
 
     cookie: int
     info: dict
@@ -92,8 +104,8 @@ class FlowRing:
 
     def add(self, sample: tuple, wall: float) -> None:
         """One kept sample, a _POINT tuple: a full decode() per point would cost more than all else."""
-        _, closed_ns, acked, received, sk_state, cwnd, srtt_us, min_rtt_us, retrans, ca_name = sample
-        total = acked + received
+        closed_ns, sk_state, srtt_us, min_rtt_us = sample[_CLOSED], sample[_SK_STATE], sample[_SRTT], sample[_MIN_RTT]
+        total, ca_name = sample[_ACKED] + sample[_RECEIVED], sample[_CA_NAME]
         recent = self.recent
         while len(recent) > 1 and wall - recent[1][0] >= THROUGHPUT_WINDOW_S:
             recent.popleft()
@@ -102,8 +114,8 @@ class FlowRing:
         recent.append((wall, total))
         has_min = min_rtt_us not in (0, 0xFFFFFFFF)
         # integers (µs, kbit/s) format fastest; the page scales them
-        self.points.append(f"[{wall:.3f},{cwnd},{srtt_us},{min_rtt_us if has_min else 'null'},"
-                           f"{int(mbps * 1000) if mbps > 0 else 0},{retrans}]")
+        values = ",".join("null" if sample[at] in absent else str(sample[at]) for at, absent in _VALUES)
+        self.points.append(f"[{wall:.3f},{int(mbps * 1000) if mbps > 0 else 0},{values}]")
         if self.new < RING_POINTS:
             self.new += 1
         over = has_min and bufferbloat(srtt_us / 1e6, min_rtt_us / 1e6)
@@ -187,7 +199,7 @@ class Rings:
     def _keep(self, cookie: int, point: tuple, raw) -> None:
         """`raw` (bytes or FlowTuple) is decoded only for a flow's first sample."""
         ring = self._by_cookie.get(cookie)
-        last_ns, closed_ns = point[0], point[1]
+        last_ns, closed_ns = point[_LAST], point[_CLOSED]
         with self._lock:
             if ring is None:
                 flow = decode(bt.unpack_flow(raw) if isinstance(raw, bytes) else raw)

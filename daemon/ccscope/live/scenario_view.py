@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 
 from .clients import event
 from .naming import CcNaming
-from .rings import Rings
+from .rings import POINT_LAYOUT, Rings
 
 RUN_CURVE_POINTS = 600      # a finished run's cwnd curve, thinned to this many points per flow
 MAX_RUNS = 256
@@ -87,8 +87,11 @@ class ScenarioView:
                 continue
             points = thin((json.loads(p) for p in ring.points), RUN_CURVE_POINTS)
             curves.append({"cc": self._naming.of(ring.cc), "flow": ring.info["flow"],
-                           "t": [round(p[0] - self._run_t0, 3) for p in points], "cwnd": [p[1] for p in points]})
+                           "t": [round(p[0] - self._run_t0, 3) for p in points], "cwnd": [p[_CWND] for p in points]})
         return curves
+
+
+_CWND = POINT_LAYOUT["fields"].index("cwnd_segments")  # in a ring's points, as the kernel keeps it
 
 
 def thin(values: Iterable, limit: int) -> list:

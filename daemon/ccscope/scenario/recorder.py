@@ -14,35 +14,16 @@ from ccscope.ccstate.changes import ChangeReader, StateChange
 from ccscope.ccstate.decoders import TEXT_KEYS
 from ccscope.flows import decode
 from ccscope.sample import Sample
+from ccscope.telemetry import quantities
+from ccscope.telemetry.quantities import Quantity
 
 from . import analysis
 
-
-def _ms(seconds: float | None) -> str:
-    return "" if seconds is None else f"{seconds * 1e3:.3f}"
-
-
-# The per-flow CSV, column by column as in the metric table: (name, value from the sample, its time since the
-# run started and the windowed throughput in bit/s, None before a full window).
-CsvGetter = Callable[[Sample, float, float | None], object]
-CSV_COLUMNS: tuple[tuple[str, CsvGetter], ...] = (
-    ("time_s", lambda s, t, bps: f"{t:.4f}"),
-    ("cwnd_segments", lambda s, t, bps: s.cwnd_segments),
-    ("srtt_ms", lambda s, t, bps: _ms(s.srtt_s)),
-    ("retransmits", lambda s, t, bps: s.retransmits),
-    ("throughput_mbps", lambda s, t, bps: "" if bps is None else f"{bps / 1e6:.4f}"),
-    ("bytes_acked", lambda s, t, bps: s.bytes_acked),
-    ("bytes_sent", lambda s, t, bps: s.bytes_sent),
-    ("ssthresh_segments", lambda s, t, bps: "" if s.ssthresh_segments is None else s.ssthresh_segments),
-    ("min_rtt_ms", lambda s, t, bps: _ms(s.min_rtt_s)),
-    ("packets_in_flight", lambda s, t, bps: s.packets_in_flight),
-    ("delivery_rate_mbps", lambda s, t, bps: f"{s.delivery_rate_Bps * 8 / 1e6:.4f}"),
-    ("ca_state", lambda s, t, bps: s.ca_state),
-    ("cc", lambda s, t, bps: s.cc),
-    ("event", lambda s, t, bps: s.event),
-)
-CSV_HEADER = tuple(name for name, _ in CSV_COLUMNS)
-CSV_TEXT_COLUMNS = frozenset({"ca_state", "cc"})  # every other column holds numbers
+# The per-flow CSV: the run's time, then a column per quantity that has one (telemetry/quantities.py), in the
+# table's order: a sample's field, or a rate over a window of samples (windowed: the throughput).
+CSV_COLUMNS: tuple[Quantity, ...] = tuple(q for q in quantities.QUANTITIES if q.column)
+CSV_HEADER = ("time_s", *(q.column.name for q in CSV_COLUMNS))
+CSV_TEXT_COLUMNS = frozenset(q.column.name for q in CSV_COLUMNS if q.python_type == "str")  # the rest hold numbers
 STATE_CSV_TEXT_COLUMNS = frozenset({"event"}) | TEXT_KEYS  # of write_state_csv's; BBR's mode, Copa's direction
 
 
@@ -84,9 +65,14 @@ def _cell(value: object) -> str:
 
 
 def csv_text(samples: list[Sample], t0: float, throughput_bps: list[float | None]) -> str:
-    rows = [",".join(CSV_HEADER)]
-    rows += [",".join(str(get(s, s.t - t0, bps)) for _, get in CSV_COLUMNS)
-             for s, bps in zip(samples, throughput_bps, strict=True)]
+    """The CSV of one flow's samples; `throughput_bps` is the windowed throughput of each (None before a full
+    window)."""
+    windowed = {"throughput_bps": throughput_bps}
+    cells = [[f"{s.t - t0:.4f}" for s in samples]]
+    for q in CSV_COLUMNS:
+        values = windowed[q.name] if q.windowed else [getattr(s, q.name) for s in samples]
+        cells.append([str(q.column.cell(value)) for value in values])
+    rows = [",".join(CSV_HEADER), *(",".join(row) for row in zip(*cells, strict=True))]
     return "\n".join(rows) + "\n"
 
 

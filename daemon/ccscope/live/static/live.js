@@ -7,11 +7,13 @@
   const MAX_CHARTED = 8;
   const LAG_SHOWN_MS = 5000;
   const PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2"];
-  const P = { t: 0, cwnd: 1, srtt: 2, minrtt: 3, mbps: 4, retrans: 5 };
+  // the charted columns by the name the server gives each value of a point (hello's `point`)
+  const P = { t: "t", cwnd: "cwnd_segments", srtt: "srtt_s", minrtt: "min_rtt_s", mbps: "throughput_bps", retrans: "retransmits" };
 
   const state = {
     mode: "daemon", ringPoints: 2400, bloat: { queueing_delay_s: 0.1, ratio: 3, for_s: 120 },
-    flows: {},              // id -> {info, cols: [t[], cwnd[], srtt[], minrtt[], mbps[], retrans[]], received}
+    point: { fields: ["t"], divisors: [1] },  // a point's values on the wire: names, and each one's divisor
+    flows: {},              // id -> {info, cols: {name: values[]} (point.fields, in the charts' units), received}
     pointsReceived: 0, messages: 0, pushTimes: [], chartUpdates: 0, dropped: 0, lagUntil: 0,
     table: { columns: [], numeric: [], rows: [], total: 0 }, sortBy: "BYTES", sortDesc: true, filter: "",
     selected: new Set(), charted: [], chartKey: "",
@@ -31,7 +33,7 @@
   source.onopen = () => setStatus("live", "live");
   source.onerror = () => { if (body.dataset.state !== "stopped") setStatus("reconnecting", "reconnecting…"); };
   on("hello", (d) => {
-    state.mode = d.mode; state.ringPoints = d.ring_points; state.bloat = d.bloat;
+    state.mode = d.mode; state.ringPoints = d.ring_points; state.bloat = d.bloat; state.point = d.point;
     state.flows = {};
     for (const info of d.flows) addPoints(info.id, info, d.history[info.id] || []);
     setTable(d.table);
@@ -68,15 +70,15 @@
 
   function addPoints(id, info, points) {
     let f = state.flows[id];
-    if (!f) f = state.flows[id] = { info: {}, cols: [[], [], [], [], [], []], received: 0 };
+    const { fields, divisors } = state.point;
+    if (!f) f = state.flows[id] = { info: {}, cols: Object.fromEntries(fields.map((n) => [n, []])), received: 0 };
     Object.assign(f.info, info);
-    // the wire has [t, cwnd, srtt µs, min_rtt µs, kbit/s, retransmits]; the charts ms and Mbit/s
+    // the wire has integers as the kernel keeps them (µs, kbit/s); the charts ms and Mbit/s
     for (const p of points) {
-      f.cols[0].push(p[0]); f.cols[1].push(p[1]); f.cols[2].push(p[2] / 1e3);
-      f.cols[3].push(p[3] === null ? null : p[3] / 1e3); f.cols[4].push(p[4] / 1e3); f.cols[5].push(p[5]);
+      for (let i = 0; i < fields.length; i++) f.cols[fields[i]].push(p[i] === null ? null : p[i] / divisors[i]);
     }
-    const excess = f.cols[0].length - state.ringPoints;
-    if (excess > 0) for (const c of f.cols) c.splice(0, excess);
+    const excess = f.cols.t.length - state.ringPoints;
+    if (excess > 0) for (const c of Object.values(f.cols)) c.splice(0, excess);
     f.received += points.length;
     state.pointsReceived += points.length;
     body.dataset.pointsReceived = state.pointsReceived;
@@ -314,7 +316,7 @@
     if (!sc.label || sc.profile !== profile || !["run", "progress"].includes(sc.phase)) return [];
     const flows = Object.values(state.flows).filter((f) => f.info.run === sc.label);
     const most = Math.max(0, ...flows.map((f) => f.info.bytes || 0));
-    return flows.filter((f) => (f.info.bytes || 0) >= 0.1 * most && f.cols[0].length).map((f) => ({
+    return flows.filter((f) => (f.info.bytes || 0) >= 0.1 * most && f.cols.t.length).map((f) => ({
       alg: f.info.cc, label: `${f.info.cc} now`, t: f.cols[P.t].map((t) => t - sc.t0), cwnd: f.cols[P.cwnd], width: 2.5,
     }));
   }

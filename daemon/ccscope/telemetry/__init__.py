@@ -1,0 +1,1 @@
+"""The telemetry core: what ccscope measures of each flow, described once (quantities.py), for every output."""
