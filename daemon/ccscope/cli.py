@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import gc
 import json
@@ -25,7 +24,6 @@ from .attribution import UNATTRIBUTED, Attributor, LabelOptions
 from .bpf_types import EVENT_NAMES, Counter
 from .cc.provide import shown_names
 from .ccstate.decoders import AlgorithmState
-from .ccstate.probe import StateProbe, optional_state
 from .ccstate.trace_lines import TracedFlows
 from .errors import CcscopeError, PrerequisiteError, UsageError
 from .exporter import FlowCollector
@@ -34,7 +32,6 @@ from .flows import (
     FlowFilter,
     FlowRecord,
     FlowSelection,
-    FlowTable,
     attribution_columns,
     monotonic_ns,
     record_fields,
@@ -42,11 +39,12 @@ from .flows import (
 )
 from .linewriter import MAX_QUEUED_BYTES, LineWriter
 from .live.app import LiveApp, serve_page, table_rows, table_source
-from .live.feed import SampleFeed
+from .live.feed import POLL_MS, SampleFeed
 from .live.hub import Hub
-from .loader import ProbeOptions, TelemetryProbe
+from .loader import ProbeOptions
 from .metrics_endpoint import MetricsServer
 from .otlp import OtlpOptions, OtlpPush
+from .telemetry.session import Session
 from .units import DEFAULT_LISTEN, parse_duration, parse_listen
 from .web import config as webconfig
 from .web.http import Authenticator, Limits, serve_promptly
@@ -196,11 +194,10 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     options = _probe_options(args, emit_samples=False)
     options.cgroup_stats, options.max_cgroups = labels.needs_cgroups, args.max_cgroups
     stop = _stop_event()
-    with TelemetryProbe(options) as probe, _algorithm_state(options, probe) as state_probe:
-        table = FlowTable(probe, grace_s=grace)
-        collector = FlowCollector(table, selection, flow_filter, labels,
+    with Session(options, grace_s=grace) as session:
+        collector = FlowCollector(session.table, selection, flow_filter, labels,
                                   attributor if labels.needs_cgroups else None,
-                                  states=state_probe.states if state_probe else None)
+                                  states=session.state.states if session.state else None)
         registry = CollectorRegistry()
         registry.register(collector)
         push = OtlpPush(otlp_options, collector.collect) if otlp_options else None
@@ -212,8 +209,9 @@ def cmd_daemon(args: argparse.Namespace) -> int:
             # cgroup resolver, else with one of its own where cgroup v2 is there, which takes no inotify watches
             # (the labels were not asked for; a display can rescan on a miss)
             page_attributor = attributor or _attributor(args, False, follow=False)
-            live = _live_page(probe, flow_filter, options.sample_interval_ns, page_attributor,
+            live = _live_page(session, flow_filter, options.sample_interval_ns, page_attributor,
                               own_attributor=attributor is None, grace_s=grace)
+            session.start(POLL_MS)
         try:
             server = _metrics_server(args, registry, live, host, port, tls, auth, headers)
         except BaseException:
@@ -254,15 +252,6 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     return 0
 
 
-def _algorithm_state(options: ProbeOptions, probe: TelemetryProbe, wanted: bool = True
-                     ) -> contextlib.AbstractContextManager[StateProbe | None]:
-    """Each algorithm's own state beside the telemetry, where this kernel loads it; else one warning line and
-    flows without it."""
-    if not wanted:
-        return contextlib.nullcontext()
-    return optional_state(options.max_flows, options.sample_interval_ns, probe.libbpf)
-
-
 def _metrics_server(args: argparse.Namespace, registry: CollectorRegistry, live, host: str | None, port: int | None,
                     tls, auth, headers):
     """The page and /metrics, /metrics alone (--no-live), or nothing (--listen off, OTLP only)."""
@@ -274,12 +263,12 @@ def _metrics_server(args: argparse.Namespace, registry: CollectorRegistry, live,
     return MetricsServer(registry, host, port, tls=tls, auth=auth, limits=limits, extra_headers=headers)
 
 
-def _live_page(probe, flow_filter: FlowFilter, sample_interval_ns: int, attributor: Attributor | None,
+def _live_page(session: Session, flow_filter: FlowFilter, sample_interval_ns: int, attributor: Attributor | None,
                own_attributor: bool, grace_s: float):
     """The page's app and sample feed, and the cgroup resolver it owns (None when it shares the daemon's)."""
     own = attributor if own_attributor else None
     hub = Hub(flow_filter=flow_filter, table_rows=functools.partial(table_rows, attributor=attributor),
-              table_source=table_source(probe, lambda: flow_filter, own, grace_s), cc_names=shown_names)
+              table_source=table_source(session.probe, lambda: flow_filter, own, grace_s), cc_names=shown_names)
     try:
         app = LiveApp(hub)
     except Exception:
@@ -287,16 +276,15 @@ def _live_page(probe, flow_filter: FlowFilter, sample_interval_ns: int, attribut
         if own:
             own.close()
         raise
-    feed = SampleFeed(probe, hub, sample_interval_ns)
+    feed = SampleFeed(session, hub, sample_interval_ns)
     hub.on_clients = feed.clients_changed
     return app, feed, own
 
 
 def _close_live(live) -> None:
     if live:
-        app, feed, own = live
+        app, _, own = live
         app.hub.close()  # returns once no table read is in progress
-        feed.close()
         if own:
             own.close()
 
@@ -338,8 +326,8 @@ def cmd_flows(args: argparse.Namespace) -> int:
     stop = _stop_event()
     live = sys.stdout.isatty() and not args.once
     options = _probe_options(args, emit_samples=False)
-    with TelemetryProbe(options) as probe, _algorithm_state(options, probe) as state_probe:
-        table = FlowTable(probe, grace_s=2.0)
+    with Session(options, grace_s=2.0) as session:
+        table, state_probe = session.table, session.state
         if args.once:
             stop.wait(interval)  # let tcp_probe see the flows first
         while True:
@@ -423,20 +411,19 @@ def cmd_trace(args: argparse.Namespace) -> int:
     # Never a blocking write here: a reader that stalls must not stop --duration or the signals (linewriter.py).
     writer = LineWriter(sys.stdout.fileno())
     options = _probe_options(args, emit_samples=True)
-    with TelemetryProbe(options) as probe, _algorithm_state(options, probe, args.state) as state_probe:
-        ring = probe.ring_buffer(on_samples)
+    with Session(options, state=args.state) as session:
         changed: list[bytes] = []
-        changes = state_probe and state_probe.changes(changed.extend)
+        session.on_samples(on_samples)
+        session.on_changes(changed.extend)
 
         def drain_changes() -> None:  # every poll: a change may wait one poll for its flow's first sample
-            if changes:
-                changes.poll(0)
+            if changed:
                 pending.extend(names.state_lines(changed, wall_offset, args.json))
                 changed.clear()
 
         try:
             while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
-                ring.poll(100)
+                session.poll(100)
                 drain_changes()
                 if attributor:
                     attributor.refresh()
@@ -446,14 +433,11 @@ def cmd_trace(args: argparse.Namespace) -> int:
             else:
                 # Ctrl-C, --duration or --count ended it: what the kernel wrote before that still goes out (the
                 # records wait in the ring up to 100 ms for the next drain, and a signal cuts that wait short)
-                ring.poll(0)
+                session.poll(0)
                 drain_changes()
                 writer.put(pending)
         finally:
-            ring.close()
-            if changes:
-                changes.close()
-            lost = probe.counters()
+            lost = session.probe.counters()
     writer.finish(_signalled_again())
     if writer.error is not None:  # `> /dev/full`: said, where it used to end in silence
         raise CcscopeError(f"cannot write the samples: {writer.error.strerror or writer.error}")

@@ -17,9 +17,9 @@ from . import bpf_types as bt
 from .attribution import Attribution, Attributor
 from .errors import UsageError
 from .flowscan import FlowColumns
-from .telemetry.quantities import CA_STATES
 from .units import format_bytes, format_rate
 
+CA_STATES = ("open", "disorder", "cwr", "recovery", "loss")
 TCP_STATES = {
     1: "established", 2: "syn-sent", 3: "syn-recv", 4: "fin-wait1", 5: "fin-wait2", 6: "time-wait",
     7: "close", 8: "close-wait", 9: "last-ack", 10: "listen", 11: "closing", 12: "new-syn-recv",

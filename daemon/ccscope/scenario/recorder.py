@@ -16,6 +16,7 @@ from ccscope.flows import decode
 from ccscope.sample import Sample
 from ccscope.telemetry import quantities
 from ccscope.telemetry.quantities import Quantity
+from ccscope.telemetry.session import Session
 
 from . import analysis
 
@@ -97,6 +98,7 @@ class FlowSeries:
         return ccs[-1] if ccs else "unknown"
 
 
+POLL_MS = 50  # the session's poll during a scenario
 MAX_UNMATCHED = 1024  # flows whose state changes wait for their first sample (or are of other namespaces)
 # Between changes the state is read this often: BBR's bandwidth estimate and gains move within a mode, CUBIC's
 # Reno estimate within an epoch (the throughput window's period: each plotted point has a reading near it).
@@ -104,34 +106,21 @@ STATE_READING_S = THROUGHPUT_WINDOW_S
 
 
 class Recorder:
-    """Polls the probe's ring buffer (and the state probe's, if given) in a thread; keeps the samples and state
-    changes of the watched namespace."""
+    """The samples and state changes of the watched namespace, from the telemetry session's poll (it subscribes
+    to the session's samples and, where the state program runs, to its changes)."""
 
-    def __init__(self, probe, listener: Callable | None = None, state_probe=None) -> None:
+    def __init__(self, session: Session, listener: Callable | None = None) -> None:
         """`listener` also gets the watched namespace's raw samples (the live page)."""
-        self._probe = probe
         self._listener = listener
         self._lock = threading.Lock()
         self._netns: int | None = None
         self._flows: dict[int, FlowSeries] = {}
         self._unmatched: OrderedDict[int, list[StateChange]] = OrderedDict()
-        self._stop = threading.Event()
-        self._ring = probe.ring_buffer(self._on_samples)
-        self._changes = state_probe.changes(self._on_changes) if state_probe else None
         self._reader = ChangeReader()
-        self._state_probe = state_probe
-        self._thread = threading.Thread(target=self._poll, name="ccscope-recorder", daemon=True)
-        self._thread.start()
-
-    def _poll(self) -> None:
-        next_reading = time.monotonic()
-        while not self._stop.is_set():
-            self._ring.poll(50)
-            if self._changes:
-                self._changes.poll(0)
-                if time.monotonic() >= next_reading:
-                    next_reading = time.monotonic() + STATE_READING_S
-                    self._read_states()
+        self._state_probe = session.state
+        self._next_reading = time.monotonic()
+        session.on_samples(self._on_samples)
+        session.on_changes(self._on_changes)
 
     def _read_states(self) -> None:
         """The state of each watched flow that sent in the last second (a closed or idle flow's is its last)."""
@@ -162,6 +151,10 @@ class Recorder:
     def _on_samples(self, raws: list) -> None:
         for raw in raws:
             self._on_sample(raw)
+        # between changes, each flow that sends is read this often (a flow that sends nothing changes nothing)
+        if self._state_probe is not None and time.monotonic() >= self._next_reading:
+            self._next_reading = time.monotonic() + STATE_READING_S
+            self._read_states()
 
     def _on_sample(self, raw) -> None:
         if raw.netns != self._netns:
@@ -187,17 +180,10 @@ class Recorder:
 
     def stop(self) -> dict[int, FlowSeries]:
         """Samples since start(), per socket cookie, in time order."""
-        time.sleep(0.2)  # the poll thread drains what is already in the buffer (polls every 50 ms)
+        time.sleep(0.2)  # the session's poll drains what is already in the buffer (it polls every 50 ms)
         with self._lock:
             flows, self._flows, self._netns = self._flows, {}, None
         for series in flows.values():
             series.samples.sort(key=lambda s: s.t)
             series.states.sort(key=lambda c: c.time_ns)
         return flows
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=2)
-        self._ring.close()
-        if self._changes:
-            self._changes.close()

@@ -17,15 +17,15 @@ from prometheus_client import CollectorRegistry
 
 from ccscope.cc import registry
 from ccscope.cc.provide import check_forced, providable, provided
-from ccscope.ccstate.probe import optional_state
 from ccscope.errors import Interrupted, PrerequisiteError, UsageError
 from ccscope.exporter import FlowCollector
-from ccscope.flows import FlowFilter, FlowSelection, FlowTable
+from ccscope.flows import FlowFilter, FlowSelection
 from ccscope.host import state
 from ccscope.hosttools import SCENARIO_TOOLS, need
 from ccscope.live.app import LiveApp, serve_page, table_rows, table_source
 from ccscope.live.hub import Hub
-from ccscope.loader import ProbeOptions, TelemetryProbe, preflight
+from ccscope.loader import ProbeOptions, preflight
+from ccscope.telemetry import session as telemetry
 from ccscope.units import parse_listen
 from ccscope.web.http import Limits
 
@@ -34,6 +34,7 @@ from .emulated import EmulatedPath, resolve_aqms
 from .environment import now_iso
 from .lifecycle import Session, keep, run_unit
 from .progress import Progress
+from .recorder import POLL_MS as RECORDER_POLL_MS
 from .recorder import Recorder
 from .spec import Scenario, mix_label
 from .store import Store, check_out_dir, signals_held
@@ -296,20 +297,17 @@ def _telemetry(scenario: Scenario, endpoint: Endpoint | None):
     """The BPF probe and recorder for the runs (with each flow's algorithm state, where this kernel loads its
     program: else one warning line); their flows on the endpoint while it is open."""
     probe_options = ProbeOptions(emit_samples=True, sample_interval_ns=int(scenario.sample_interval_s * 1e9))
-    state_options = (probe_options.max_flows, probe_options.sample_interval_ns)
-    with TelemetryProbe(probe_options) as probe, \
-            optional_state(*state_options, probe.libbpf, " in the results") as state_probe:
-        table = FlowTable(probe, grace_s=5.0)
-        collector = FlowCollector(table, FlowSelection("all"), FlowFilter(netns={0}),
-                                  states=state_probe.states if state_probe else None)
+    with telemetry.Session(probe_options, grace_s=5.0, state_where=" in the results") as session:
+        collector = FlowCollector(session.table, FlowSelection("all"), FlowFilter(netns={0}),
+                                  states=session.state.states if session.state else None)
         if endpoint:
             endpoint.registry.register(collector)
-            endpoint.hub.set_table_source(table_source(probe, lambda: collector.filter))
-        recorder = Recorder(probe, listener=endpoint.hub.on_sample if endpoint else None, state_probe=state_probe)
+            endpoint.hub.set_table_source(table_source(session.probe, lambda: collector.filter))
+        recorder = Recorder(session, listener=endpoint.hub.on_sample if endpoint else None)
+        session.start(RECORDER_POLL_MS)
         try:
             yield recorder, collector
         finally:
-            recorder.close()
             if endpoint:  # nothing reads the probe once it is closed: waits for a table read in progress
                 endpoint.hub.set_table_source(None)
                 endpoint.registry.unregister(collector)

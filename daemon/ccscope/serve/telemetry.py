@@ -20,7 +20,8 @@ import orjson
 from ccscope.errors import CcscopeError
 
 MAX_SAMPLES_PER_TEST = 100_000  # 10 ms samples of one flow for 1000 s; --max-seconds is at most 3600
-DRAIN_S = 0.2  # what the poll thread (every 50 ms) still finds in the ring when a test ends
+POLL_MS = 50
+DRAIN_S = 0.2  # what the session's poll (every POLL_MS) still finds in the ring when a test ends
 
 
 @dataclass
@@ -46,29 +47,23 @@ class Telemetry:
 
     def __init__(self, sample_interval_s: float) -> None:
         from ccscope.flows import decode
-        from ccscope.loader import ProbeOptions, TelemetryProbe, preflight
+        from ccscope.loader import ProbeOptions, preflight
         from ccscope.sample import Sample
+        from ccscope.telemetry.session import Session
 
         preflight()
         self._decode, self._sample = decode, Sample
         self._netns = os.stat("/proc/self/ns/net").st_ino
-        self._probe = TelemetryProbe(ProbeOptions(emit_samples=True,
-                                                  sample_interval_ns=int(sample_interval_s * 1e9)))
-        self._probe.__enter__()
         self._lock = threading.Lock()
         self._watched: dict[int, _Watch] = {}  # local port -> the test's flows
-        self._stop = threading.Event()
+        self._session = Session(ProbeOptions(emit_samples=True, sample_interval_ns=int(sample_interval_s * 1e9)),
+                                state=False)
         try:
-            self._ring = self._probe.ring_buffer(self._on_samples)
+            self._session.on_samples(self._on_samples)
         except CcscopeError:
-            self._probe.__exit__(None, None, None)
+            self._session.close()
             raise
-        self._thread = threading.Thread(target=self._poll, name="serve-telemetry", daemon=True)
-        self._thread.start()
-
-    def _poll(self) -> None:
-        while not self._stop.is_set():
-            self._ring.poll(50)
+        self._session.start(POLL_MS)
 
     def _on_samples(self, raws: list) -> None:
         for raw in raws:
@@ -109,10 +104,7 @@ class Telemetry:
             self._watched.pop(port, None)
 
     def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=2)
-        self._ring.close()
-        self._probe.__exit__(None, None, None)
+        self._session.close()
 
 
 def empty_reply() -> bytes:

@@ -16,7 +16,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-CA_STATES = ("open", "disorder", "cwr", "recovery", "loss")
+from ccscope.flows import CA_STATES
+
 ECN_VALUES = {"off": 0, "ecn": 1, "accecn": 2}
 
 Check = Callable[[object], bool]
