@@ -11,7 +11,7 @@ PACKAGES = {
     "ip": "iproute2", "tc": "iproute2", "ss": "iproute2", "iptables": "iptables", "ethtool": "ethtool",
     "iperf3": "iperf3", "ping": "iputils-ping", "sysctl": "procps",
 }  # fmt: skip
-SCENARIO_TOOLS = ("iperf3", "ping", "ss", "ip", "tc", "iptables", "ethtool", "sysctl")
+SCENARIO_TOOLS = ("iperf3", "ping", "ip", "tc", "iptables", "sysctl")
 
 
 def missing(*tools: str) -> list[str]:

@@ -34,7 +34,7 @@ from ccscope.host import algorithms, state
 from ccscope.hosttools import need, sh
 
 from . import aqm, backends, kernel_aqm, pathcheck, sojourn
-from .netns import iproute_in, ns_argv
+from .netns import iproute_in, listening, ns_argv, offloads_off, read_sysctl, write_sysctl
 from .profile import ETH_FRAME, PathProfile
 
 SENDER_ADDR = "192.0.2.2"
@@ -116,7 +116,7 @@ class Testbed:
         return state.state_dir() / f"{self.run_id}.d"
 
     def _start(self) -> None:
-        need("ip", "ethtool", "sysctl")
+        need("ip")
         caps = backends.probe_backends()
         self.backend = backends.choose_backend(self.requested_backend, caps)
         self.profile = kernel_aqm.resolve(self.profile, self.backend, caps.qdiscs)
@@ -154,7 +154,7 @@ class Testbed:
             self._disable_offloads(ns, dev)
         self._pin_neighbours([((s, "veth-s", SENDER_ADDR), (r, "veth-rs", ROUTER_SENDER_ADDR)),
                               ((r, "veth-rr", ROUTER_RECEIVER_ADDR), (c, "veth-r", RECEIVER_ADDR))])
-        sh(ns_argv(r, ["sysctl", "-q", "-w", "net.ipv4.ip_forward=1"]))
+        write_sysctl(r, "net.ipv4.ip_forward", 1)
         if self.profile.ecn is not None:
             self._set_ecn(self.profile.ecn, (s, c))
 
@@ -167,7 +167,7 @@ class Testbed:
             raise PrerequisiteError("ecn: accecn: this kernel has no Accurate ECN (no net.ipv4.tcp_ecn_option)")
         for ns in namespaces:
             try:
-                sh(ns_argv(ns, ["sysctl", "-q", "-w", f"net.ipv4.tcp_ecn={value}"]))
+                write_sysctl(ns, "net.ipv4.tcp_ecn", value)
             except CcscopeError as exc:
                 if "Invalid argument" not in exc.line():
                     raise
@@ -191,15 +191,7 @@ class Testbed:
                 iproute_in(ns, lambda ipr, dev=dev, addr=peer_addr, mac=mac: _pin_neighbour(ipr, dev, addr, mac))
 
     def _disable_offloads(self, ns: str, dev: str) -> None:
-        args = [x for o in OFFLOADS for x in (o, "off")]
-        sh(ns_argv(ns, ["ethtool", "-K", dev, *args]))
-        shown = sh(ns_argv(ns, ["ethtool", "-k", dev])).stdout
-        names = {"tso": "tcp-segmentation-offload", "gso": "generic-segmentation-offload",
-                 "gro": "generic-receive-offload"}
-        got = {}
-        for key, long in names.items():
-            m = re.search(rf"^{long}: (\w+)", shown, re.M)
-            got[key] = m.group(1) if m else "?"
+        got = offloads_off(ns, dev, OFFLOADS)
         if any(v != "off" for v in got.values()):
             raise CcscopeError(f"could not turn offloads off on {dev} in {ns}: {got}")
         self.offloads[f"{ns}/{dev}"] = got
@@ -291,7 +283,7 @@ class Testbed:
         """Until something listens on TCP `port` in `ns` (a server we started is ready for clients)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.run(ns, ["ss", "-Hltn", f"sport = :{port}"], timeout=5).stdout.strip():
+            if listening(ns, port):
                 return
             time.sleep(0.02)
         raise CcscopeError(f"nothing listens on port {port} in {ns} after {timeout:g} s")
@@ -317,8 +309,8 @@ class Testbed:
         assert self._state is not None, "set_algorithm needs an entered Testbed"
         state.allow_algorithm(self._state, algorithm)
         for ns in (self.sender_ns, self.receiver_ns):
-            sh(ns_argv(ns, ["sysctl", "-q", "-w", f"net.ipv4.tcp_congestion_control={algorithm}"]))
-            got = sh(ns_argv(ns, ["sysctl", "-n", "net.ipv4.tcp_congestion_control"])).stdout.strip()
+            write_sysctl(ns, "net.ipv4.tcp_congestion_control", algorithm)
+            got = read_sysctl(ns, "net.ipv4.tcp_congestion_control")
             if got != algorithm:
                 raise CcscopeError(f"{ns} uses {got} after setting {algorithm}")
         self.algorithm = algorithm
