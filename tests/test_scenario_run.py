@@ -206,12 +206,14 @@ traffic:
     [run] = doc["runs"]
     assert [f["algorithm_kernel"] for f in run["flows"]] == ["cubic", "reno"]
     assert [f["algorithm_iperf3"] for f in run["flows"]] == ["cubic", "reno"]
-    # Jain's index of the two flows' goodputs over the common window, as its formula gives it; for two flows any
-    # split gives 0.5-1, so the bound is what this link measured: 0.953-1.000 in five runs (cubic's share
-    # 0.41-0.61), 0.922-1.000 in 20 more, where 70/30 would read 0.862 and one flow alone 0.5.
+    # Jain's index of the two flows' goodputs over the common window, as its formula gives it. For two flows any
+    # split gives 0.5-1 (one flow alone 0.5), and over these 4 s one flow now and then loses several segments in a
+    # row and the other takes the link: of 62 runs of this file, the median was 0.99 and 5 were below 0.9 (0.892,
+    # 0.896, 0.809, 0.767, 0.748: the slower flow with 21 % of the two). The bound is below that tail, and still
+    # well above a flow missing from the count (0.5): a share of 16 % or more for each.
     cubic_bps, reno_bps = (f["goodput_common_bps"] for f in run["flows"])
     assert run["jain"] == pytest.approx((cubic_bps + reno_bps) ** 2 / (2 * (cubic_bps ** 2 + reno_bps ** 2)))
-    assert run["jain"] >= 0.9, (cubic_bps, reno_bps)
+    assert run["jain"] >= 0.65, (cubic_bps, reno_bps)
     # The two flows share the 2 Mbit/s bottleneck with the downloads (they go the same way): over the run's
     # common window (per algorithm), never above the router's counter, not summed over each flow's own window,
     # which holds the 0.5 s one flow had the link alone (2.19 Mbit/s in a CI run). The link stays full, and
