@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import csv
 import dataclasses
 import functools
 import hashlib
@@ -392,6 +393,37 @@ def _data_connection_port(link: Link, port: int) -> int:
 
 
 # --- a scenario's progress --------------------------------------------------------------------------------------------
+
+
+def test_scenario_page_shows_each_algorithms_state(watched_quick_scenario) -> None:
+    """The page's points carry BBR's mode and CUBIC's W_max (ccstate/, read as each point is kept), drawn as bands
+    behind cwnd and a dashed line on it. Every value the page showed is one the run's state CSV recorded (it has
+    each change, exactly, from the kernel's change ring), and the algorithms without such state show none."""
+    watched = watched_quick_scenario
+    columns, out = watched.page["state_columns"], watched.out
+    assert columns, watched.page
+    doc = json.loads((out / "results.json").read_text())
+    recorded: dict[str, set] = {"bbr": set(), "cubic": set()}
+    for one_run in doc["runs"]:
+        for flow in one_run["flows"]:
+            if flow.get("state_csv") and flow["algorithm_kernel"] in recorded:
+                with (out / flow["state_csv"]).open() as f:
+                    rows = list(csv.DictReader(f))
+                key = "mode" if flow["algorithm_kernel"] == "bbr" else "wmax_segments"
+                recorded[flow["algorithm_kernel"]] |= {row[key] for row in rows if row.get(key)}
+    modes = ("startup", "drain", "probe_bw", "probe_rtt")
+    shown_modes = {modes[int(m)] for c in columns if c["cc"] == "bbr" for m in c["mode"] if m is not None}
+    shown_wmax = {str(int(w)) for c in columns if c["cc"] == "cubic" for w in c["wmax"] if w is not None}
+    assert "probe_bw" in shown_modes and shown_modes <= recorded["bbr"], (shown_modes, recorded["bbr"])
+    assert shown_wmax and shown_wmax <= recorded["cubic"], (shown_wmax, recorded["cubic"])
+    # (W_max is not held to the cwnd the page saw: the points, 20 a second, missed the peak before a loss, 130
+    # segments where the page's highest was 111)
+    for c in columns:
+        if c["cc"] != "bbr":
+            assert all(m is None for m in c["mode"]), c["cc"]
+        if c["cc"] != "cubic":
+            assert all(w is None for w in c["wmax"]), c["cc"]
+    assert watched.page["mode_bands"] >= 3, watched.page["mode_bands"]  # startup, (drain,) probe_bw at least
 
 
 def test_scenario_page_shows_the_run_in_progress_over_finished_runs(watched_quick_scenario) -> None:

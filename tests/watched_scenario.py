@@ -101,6 +101,11 @@ def _watch_page(proc: subprocess.Popen, stderr: Path, port: int, run: WatchedSce
         page["report_url"] = wait_js(driver, "window.ccscopeLive.scenario.report_url", timeout=RUN_TIMEOUT_S)
         page["state_at_end"] = driver.execute_script("return [document.body.dataset, window.ccscopeLive.scenario];")
         page["runs"] = driver.execute_script("return window.ccscopeLive.runs;")
+        # each flow's algorithm state as its points carried it, and the most BBR mode bands one drawing had
+        page["state_columns"] = driver.execute_script(
+            "return Object.values(window.ccscopeLive.flows).map((f) => ({cc: f.info.cc, sport: f.info.sport, "
+            "mode: f.cols.bbr_mode || [], wmax: f.cols.cubic_wmax_segments || [], cwnd: f.cols.cwnd_segments}));")
+        page["mode_bands"] = driver.execute_script("return window.ccscopeLive.modeBands;")
         page["legends"] = driver.execute_script(
             "return [...document.querySelectorAll('#sc-charts .u-legend .u-label')].map((l) => l.textContent);")
         page["finished"] = driver.execute_script("return [...document.querySelectorAll('#sc-runs li')]"

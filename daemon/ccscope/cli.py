@@ -211,6 +211,7 @@ def cmd_daemon(args: argparse.Namespace) -> int:
             page_attributor = attributor or _attributor(args, False, follow=False)
             live = _live_page(session, flow_filter, options.sample_interval_ns, page_attributor,
                               own_attributor=attributor is None, grace_s=grace)
+            live[0].hub.set_states(session.state.states if session.state else None)
             session.start(POLL_MS)
         try:
             server = _metrics_server(args, registry, live, host, port, tls, auth, headers)

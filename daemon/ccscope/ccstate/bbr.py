@@ -67,7 +67,7 @@ def decode(raw: BbrStateC) -> BbrState | None:
 
 METRICS = (
     StateMetric("ccscope_flow_bbr_mode", "BBR's mode: 0 startup, 1 drain, 2 probe_bw, 3 probe_rtt.",
-                "gauge", "ccscope.tcp.bbr.mode", "1", lambda s: s.mode_number),
+                "gauge", "ccscope.tcp.bbr.mode", "1", lambda s: s.mode_number, live=True),
     StateMetric("ccscope_flow_bbr_bandwidth_bytes_per_second",
                 "BBR's bottleneck bandwidth estimate (its windowed max of delivery rate).",
                 "gauge", "ccscope.tcp.bbr.bandwidth", "By/s", lambda s: s.bandwidth_Bps),

@@ -61,7 +61,7 @@ def decode(raw: CubicStateC) -> CubicState:
 
 METRICS = (
     StateMetric("ccscope_flow_cubic_wmax_segments", "CUBIC's W_max: the window at the last loss; absent before it.",
-                "gauge", "ccscope.tcp.cubic.wmax", "{segment}", lambda s: s.wmax_segments or None),
+                "gauge", "ccscope.tcp.cubic.wmax", "{segment}", lambda s: s.wmax_segments or None, live=True),
     StateMetric("ccscope_flow_cubic_k_seconds", "CUBIC's K: time from the epoch's start to regain W_max.",
                 "gauge", "ccscope.tcp.cubic.k", "s", lambda s: s.k_s if s.in_epoch else None),
     StateMetric("ccscope_flow_cubic_origin_segments", "CUBIC's origin point (the cubic's plateau).",

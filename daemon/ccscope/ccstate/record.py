@@ -165,3 +165,9 @@ class StateMetric:
     otlp: str
     unit: str
     value: Callable[[object], float | None]
+    live: bool = False  # also a value of the live page's points (BBR's mode bands, CUBIC's W_max line)
+
+    @property
+    def short(self) -> str:
+        """The name without ccscope_flow_: the live page's."""
+        return self.name.removeprefix("ccscope_flow_")

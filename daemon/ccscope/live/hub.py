@@ -19,7 +19,15 @@ from ccscope.flows import FlowFilter, FlowRecord
 
 from .clients import Client, Clients, event
 from .naming import CcNames, CcNaming
-from .rings import BLOAT_FOR_S, BLOAT_QUEUEING_DELAY_S, BLOAT_RTT_RATIO, POINT_LAYOUT, RING_POINTS, Rings
+from .rings import (
+    BLOAT_FOR_S,
+    BLOAT_QUEUEING_DELAY_S,
+    BLOAT_RTT_RATIO,
+    POINT_LAYOUT,
+    RING_POINTS,
+    Rings,
+    StateReader,
+)
 from .scenario_view import ScenarioView
 from .table import FlowTable, TableSource
 
@@ -69,6 +77,10 @@ class Hub:
 
     def set_table_source(self, source: TableSource | None) -> None:
         self.table.set_source(source)
+
+    def set_states(self, states: StateReader | None) -> None:
+        """Where each flow's algorithm state is read for the points (the session's state probe); None: nowhere."""
+        self.rings.states = states
 
     # --- clients ---------------------------------------------------------------------------------------
 

@@ -15,10 +15,11 @@ import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from ccscope import bpf_types as bt
+from ccscope.ccstate.decoders import ALL_METRICS, AlgorithmState, metrics_of
 from ccscope.flows import TCP_STATES, FlowFilter, FlowRecord, decode, monotonic_ns
 from ccscope.telemetry import quantities
 
@@ -45,8 +46,13 @@ _LAST, _CLOSED, _ACKED, _RECEIVED, _SK_STATE, _SRTT, _MIN_RTT, _CA_NAME = (_AT[n
 _VALUES = tuple((_AT[q.live.kernel], q.live.absent) for q in _CHARTED)
 # A point on the wire: [wall-clock s, kbit/s over the throughput window, each charted quantity as the kernel keeps
 # it]; the page divides each by its divisor (to ms and Mbit/s) and knows them by name.
-POINT_LAYOUT = {"fields": ["t", "throughput_bps", *(q.name for q in _CHARTED)],
-                "divisors": [1, 1e3, *(q.live.divisor for q in _CHARTED)]}
+# Then each algorithm-state series marked live (ccstate/: BBR's mode, CUBIC's W_max), null where the flow's
+# algorithm has none or the state program does not run.
+LIVE_STATE = tuple(m for m in ALL_METRICS if m.live)
+POINT_LAYOUT = {"fields": ["t", "throughput_bps", *(q.name for q in _CHARTED), *(m.short for m in LIVE_STATE)],
+                "divisors": [1, 1e3, *(q.live.divisor for q in _CHARTED), *(1 for _ in LIVE_STATE)]}
+_NO_STATE = ",null" * len(LIVE_STATE)
+StateReader = Callable[[list[int]], Mapping[int, AlgorithmState]]
 
 
 def _subset(fields: tuple[str, ...]) -> struct.Struct:
@@ -71,6 +77,14 @@ BLOAT_FOR_S = 120.0
 
 
 _point_of = operator.attrgetter(*POINT_FIELDS)
+
+
+def _state_values(state: AlgorithmState | None) -> str:
+    if state is None:
+        return _NO_STATE
+    own = metrics_of(state)
+    values = (m.value(state) if m in own else None for m in LIVE_STATE)
+    return "".join(",null" if v is None else f",{v:g}" for v in values)
 
 
 def bufferbloat(srtt_s: float, min_rtt_s: float | None) -> bool:
@@ -102,8 +116,9 @@ class FlowRing:
     bloat_since: float | None = None
     closed: float | None = None   # monotonic seconds when the close was seen
 
-    def add(self, sample: tuple, wall: float) -> None:
-        """One kept sample, a _POINT tuple: a full decode() per point would cost more than all else."""
+    def add(self, sample: tuple, wall: float, state: AlgorithmState | None = None) -> None:
+        """One kept sample, a _POINT tuple, and its flow's algorithm state then: a full decode() per point would
+        cost more than all else."""
         closed_ns, sk_state, srtt_us, min_rtt_us = sample[_CLOSED], sample[_SK_STATE], sample[_SRTT], sample[_MIN_RTT]
         total, ca_name = sample[_ACKED] + sample[_RECEIVED], sample[_CA_NAME]
         recent = self.recent
@@ -115,7 +130,7 @@ class FlowRing:
         has_min = min_rtt_us not in (0, 0xFFFFFFFF)
         # integers (µs, kbit/s) format fastest; the page scales them
         values = ",".join("null" if sample[at] in absent else str(sample[at]) for at, absent in _VALUES)
-        self.points.append(f"[{wall:.3f},{int(mbps * 1000) if mbps > 0 else 0},{values}]")
+        self.points.append(f"[{wall:.3f},{int(mbps * 1000) if mbps > 0 else 0},{values}{_state_values(state)}]")
         if self.new < RING_POINTS:
             self.new += 1
         over = has_min and bufferbloat(srtt_us / 1e6, min_rtt_us / 1e6)
@@ -156,6 +171,7 @@ class Rings:
         self._skipped: set[int] = set()  # cookies refused by the filter or for want of a ring (cheap to skip)
         self._skipped_at = time.monotonic()
         self._wall_offset = time.time() - monotonic_ns() / 1e9
+        self.states: StateReader | None = None  # each flow's algorithm state (the session's state probe), if any
 
     def __iter__(self) -> Iterator[FlowRing]:
         return iter(self._by_cookie.values())
@@ -212,7 +228,8 @@ class Rings:
                     return
             ring.last_ns = last_ns
             ring.latest = raw
-            ring.add(point, last_ns / 1e9 + self._wall_offset)
+            states = self.states
+            ring.add(point, last_ns / 1e9 + self._wall_offset, states([cookie]).get(cookie) if states else None)
             if closed_ns and ring.closed is None:
                 ring.closed = time.monotonic()
             self.points_kept += 1

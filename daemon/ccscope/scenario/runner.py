@@ -303,6 +303,7 @@ def _telemetry(scenario: Scenario, endpoint: Endpoint | None):
         if endpoint:
             endpoint.registry.register(collector)
             endpoint.hub.set_table_source(table_source(session.probe, lambda: collector.filter))
+            endpoint.hub.set_states(session.state.states if session.state else None)
         recorder = Recorder(session, listener=endpoint.hub.on_sample if endpoint else None)
         session.start(RECORDER_POLL_MS)
         try:
@@ -310,5 +311,6 @@ def _telemetry(scenario: Scenario, endpoint: Endpoint | None):
         finally:
             if endpoint:  # nothing reads the probe once it is closed: waits for a table read in progress
                 endpoint.hub.set_table_source(None)
+                endpoint.hub.set_states(None)
                 endpoint.registry.unregister(collector)
             collector.close()

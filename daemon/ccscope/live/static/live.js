@@ -8,13 +8,16 @@
   const LAG_SHOWN_MS = 5000;
   const PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2"];
   // the charted columns by the name the server gives each value of a point (hello's `point`)
-  const P = { t: "t", cwnd: "cwnd_segments", srtt: "srtt_s", minrtt: "min_rtt_s", mbps: "throughput_bps", retrans: "retransmits" };
+  const P = { t: "t", cwnd: "cwnd_segments", srtt: "srtt_s", minrtt: "min_rtt_s", mbps: "throughput_bps",
+              retrans: "retransmits", wmax: "cubic_wmax_segments", mode: "bbr_mode" };
+  // BBR's modes (0 startup, 1 drain, 2 probe_bw, 3 probe_rtt) as bands behind the cwnd chart
+  const MODE_FILLS = ["rgba(255,127,14,0.18)", "rgba(148,103,189,0.22)", "rgba(44,160,44,0.10)", "rgba(214,39,40,0.30)"];
 
   const state = {
     mode: "daemon", ringPoints: 2400, bloat: { queueing_delay_s: 0.1, ratio: 3, for_s: 120 },
     point: { fields: ["t"], divisors: [1] },  // a point's values on the wire: names, and each one's divisor
     flows: {},              // id -> {info, cols: {name: values[]} (point.fields, in the charts' units), received}
-    pointsReceived: 0, messages: 0, pushTimes: [], chartUpdates: 0, dropped: 0, lagUntil: 0,
+    pointsReceived: 0, messages: 0, pushTimes: [], chartUpdates: 0, dropped: 0, lagUntil: 0, modeBands: 0,
     table: { columns: [], numeric: [], rows: [], total: 0 }, sortBy: "BYTES", sortDesc: true, filter: "",
     selected: new Set(), charted: [], chartKey: "",
     scenario: {}, runs: [], algColors: {},
@@ -102,7 +105,8 @@
   // --- flow charts --------------------------------------------------------------------------------------
 
   const CHARTS = [
-    { name: "cwnd", title: "cwnd (segments)", cols: [[P.cwnd, ""]] },
+    { name: "cwnd", title: "cwnd (segments); CUBIC's W_max dashed; BBR's mode behind: startup orange, drain " +
+      "purple, probe_bw green, probe_rtt red", cols: [[P.cwnd, ""], [P.wmax, " W_max", true]], bands: true },
     { name: "rtt", title: "srtt (solid) and min_rtt (dashed), ms", cols: [[P.srtt, " srtt"], [P.minrtt, " min_rtt"]] },
     { name: "throughput", title: "throughput (Mbit/s, 200 ms window)", cols: [[P.mbps, ""]] },
     { name: "retransmits", title: "retransmits (cumulative segments)", cols: [[P.retrans, ""]] },
@@ -124,7 +128,7 @@
       : `(the ${AUTO_FLOWS} busiest; tick flows in the table to choose)`;
     // the legends name each flow by its algorithm too, which may change (setsockopt, or the page learning that
     // ccscope's BPF program runs it): then the charts are made again
-    const key = ids.map((id) => `${id} ${shortName(state.flows[id].info)}`).join(",");
+    const key = ids.map((id) => `${id} ${shortName(state.flows[id].info)} ${hasData(id, P.wmax)}`).join(",");
     if (key !== state.chartKey) {
       for (const c of Object.values(charts)) c.destroy();
       charts = {};
@@ -136,7 +140,7 @@
     }
     if (!ids.length) return;
     for (const spec of CHARTS) {
-      const tables = ids.map((id) => [state.flows[id].cols[P.t], ...spec.cols.map(([i]) => state.flows[id].cols[i])]);
+      const tables = ids.map((id) => [state.flows[id].cols[P.t], ...colsOf(spec, id).map((i) => state.flows[id].cols[i])]);
       charts[spec.name].setData(uPlot.join(tables));
     }
     state.chartUpdates++;
@@ -148,15 +152,55 @@
     const series = [{}];
     ids.forEach((id, n) => {
       const name = shortName(state.flows[id].info);
-      for (const [i, suffix] of spec.cols) {
+      for (const [i, suffix] of spec.cols.filter(([i]) => colsOf(spec, id).includes(i))) {
         series.push({ label: name + suffix, stroke: PALETTE[n % PALETTE.length], width: 1.5, spanGaps: true,
-                      dash: i === P.minrtt ? [6, 4] : undefined, points: { show: false } });
+                      dash: i === P.minrtt || i === P.wmax ? [6, 4] : undefined, points: { show: false } });
       }
     });
-    return newChart($("charts"), spec.title, series, { time: true });
+    const hooks = spec.bands ? { drawClear: [(u) => drawModeBands(u, ids)] } : {};
+    return newChart($("charts"), spec.title, series, { time: true, hooks });
   }
 
-  function newChart(parent, title, series, { time }) {
+  // a flow's columns in a chart: those it has data for, where a column is only drawn then (W_max: CUBIC's)
+  function colsOf(spec, id) {
+    return spec.cols.filter(([i, , ifData]) => !ifData || hasData(id, i)).map(([i]) => i);
+  }
+
+  function hasData(id, name) {
+    const col = state.flows[id].cols[name];
+    return Boolean(col && col.some((v) => v !== null));
+  }
+
+  // each run of one BBR mode of a charted flow, as a band the height of the plot, under the lines
+  function drawModeBands(u, ids) {
+    const { ctx } = u;
+    const { left, top, width, height } = u.bbox;
+    let drawn = 0;
+    ctx.save();
+    ctx.beginPath();
+    ctx.rect(left, top, width, height);
+    ctx.clip();
+    for (const id of ids) {
+      const t = state.flows[id].cols[P.t], mode = state.flows[id].cols[P.mode];
+      if (!mode) continue;
+      for (let i = 0; i < t.length; i++) {
+        const m = mode[i];
+        if (m === null || MODE_FILLS[m] === undefined) continue;
+        let j = i;
+        while (j + 1 < t.length && mode[j + 1] === m) j++;
+        const x0 = u.valToPos(t[i], "x", true), x1 = u.valToPos(t[Math.min(j + 1, t.length - 1)], "x", true);
+        ctx.fillStyle = MODE_FILLS[m];
+        ctx.fillRect(x0, top, Math.max(1, x1 - x0), height);
+        drawn++;
+        i = j;
+      }
+    }
+    ctx.restore();
+    state.modeBands = Math.max(state.modeBands, drawn);  // the most bands one drawing had (tests read it)
+    body.dataset.modeBands = state.modeBands;
+  }
+
+  function newChart(parent, title, series, { time, hooks = {} }) {
     const box = document.createElement("div");
     box.className = "chart";
     const h = document.createElement("h3");
@@ -164,7 +208,7 @@
     box.append(h);
     parent.append(box);
     const width = Math.max(360, box.clientWidth - 10);
-    const opts = { width, height: 220, series, scales: { x: { time } }, legend: { live: false },
+    const opts = { width, height: 220, series, scales: { x: { time } }, legend: { live: false }, hooks,
                    cursor: { drag: { x: true, y: false } }, axes: [{}, { size: 60 }] };
     return new uPlot(opts, series.map(() => []), box);
   }
