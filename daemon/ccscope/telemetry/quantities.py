@@ -210,8 +210,3 @@ def sampled() -> list[Quantity]:
 def charted() -> list[Quantity]:
     """The live page's per-point values, in order."""
     return [q for q in QUANTITIES if q.live]
-
-
-def by_name(name: str) -> Quantity:
-    return next(q for q in QUANTITIES if q.name == name)
-

@@ -28,7 +28,6 @@ class Session:
     def __init__(self, options: ProbeOptions, *, grace_s: float = 5.0, state: bool = True,
                  state_where: str = "") -> None:
         """`state_where`: what goes without the state if it cannot load, for its warning (" in the results")."""
-        self.options = options
         self._open = contextlib.ExitStack()
         try:
             self.probe: TelemetryProbe = self._open.enter_context(TelemetryProbe(options))
