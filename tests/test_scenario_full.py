@@ -398,8 +398,10 @@ def _l4s_pings(doc: dict, runs: dict[str, dict], base_ms: float) -> None:
     max_late_ms): in a CI run on a busy host cubic's L ping had a p95 5.7 ms above the path while the L queue's
     sojourn p99 was 0.23 ms, and in a run with 1.5 % of its packets late (up to 19 ms) the plain ping's median
     was 3.3 ms (44 %) above the C queue's. So the ECT(1) ping's tail may add each direction's longest lateness,
-    and the medians are held to the queues' only where the run has no stall warning (machine_stalls); where it
-    has one, the run says so."""
+    and where the run has a stall warning (machine_stalls) the run says so. The medians are held to the queues'
+    only where the delay lines released no packet late at all: a fresh-clone suite's prague+cubic run, late by
+    up to 8 and 13 ms for 658 packets (under the warning's 1 %), had its plain ping's median 33 % above the C
+    queue's, where quiet runs read 1-19 %."""
     for label in ("cubic", "prague+cubic"):
         run = runs[label]
         up, plain, marked = run["link"]["up"], run["ping"]["rtt_ms"], run["ping_l4s"]["rtt_ms"]
@@ -409,6 +411,7 @@ def _l4s_pings(doc: dict, runs: dict[str, dict], base_ms: float) -> None:
         stalled = machine_stalls(run["link"])
         if stalled is not None:
             assert f"{run['label']}: {stalled}" in doc["warnings"], doc["warnings"]
+        if any(direction.get("late_releases") for direction in run["link"].values()):
             continue
         assert abs(marked["median"] - base_ms - up["sojourn_l"]["median_ms"]) <= 0.5, (label, marked, up)
         c_queue = up["sojourn_c"]["median_ms"]
