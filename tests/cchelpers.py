@@ -70,11 +70,15 @@ def stop_user(proc: subprocess.Popen) -> None:
 # --- scenarios and their per-flow series ------------------------------------------------------------
 
 def run_scenario(ccscope_cmd: list[str], directory: Path, text: str, timeout: float = 600) -> tuple[Path, dict]:
-    """`ccscope scenario run` of the YAML `text`, as a user runs it; returns the results dir and document."""
+    """`ccscope scenario run` of the YAML `text`, as a user runs it; returns the results dir and document.
+    --no-verify --no-report: its callers read results.json and the CSVs, and the path checks and the report have
+    tests of their own (tests/test_pathcheck.py, tests/test_report_fuzz.py, test_scenario_full.py): 2.3 s of
+    test_ccstate_bpf's 53.6."""
     spec = directory / "scenario.yaml"
     spec.write_text(text)
     out = directory / "out"
-    res = subprocess.run([*ccscope_cmd, "scenario", "run", str(spec), "--out", str(out), "--listen", "off"],
+    res = subprocess.run([*ccscope_cmd, "scenario", "run", str(spec), "--out", str(out), "--listen", "off",
+                          "--no-verify", "--no-report"],
                          capture_output=True, text=True, timeout=timeout)
     assert res.returncode == 0, res.stderr[-3000:]
     doc = json.loads((out / "results.json").read_text())
