@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
 
 from ccscope_testkit.prereqs import ROOT, require
 
-__all__ = ["LAB", "PYTHON", "ROOT", "lab", "require"]
+__all__ = ["LAB", "PYTHON", "ROOT", "Boot", "lab", "require"]
 
 LAB = ROOT / "tools" / "kernel-lab"
 PYTHON = ROOT / ".venv" / "bin" / "python"
@@ -17,3 +21,41 @@ def lab(*args: str, timeout: float = 900, env: dict[str, str] | None = None) -> 
     """tools/kernel-lab with `args`; the lab bounds its own boots, `timeout` is a backstop."""
     return subprocess.run([str(LAB), *args], capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, **(env or {})}, check=False)
+
+
+@dataclass
+class Boot:
+    """`tools/kernel-lab run` in the background, its output in files: a pipe could fill while the suite waits
+    for another boot."""
+
+    proc: subprocess.Popen
+    directory: Path
+
+    @classmethod
+    def start(cls, directory: Path, *args: str) -> Boot:
+        with (directory / "stdout").open("wb") as out, (directory / "stderr").open("wb") as err:
+            return cls(subprocess.Popen([str(LAB), *args], stdout=out, stderr=err, stdin=subprocess.DEVNULL),
+                       directory)
+
+    def wait_for(self, path: Path, stopping: threading.Event, timeout: float = 900) -> None:
+        """Until `path` exists, the boot has ended, `stopping` is set or `timeout` has passed."""
+        deadline = time.monotonic() + timeout
+        while not path.exists() and self.proc.poll() is None and time.monotonic() < deadline:
+            if stopping.wait(0.5):
+                return
+
+    def result(self, timeout: float = 900) -> subprocess.CompletedProcess:
+        """Waits for the boot (the lab bounds it with its own --timeout; `timeout` is a backstop)."""
+        try:
+            self.proc.wait(timeout=timeout)
+        finally:
+            self.stop()
+        read = lambda name: (self.directory / name).read_text(errors="replace")  # noqa: E731
+        return subprocess.CompletedProcess(self.proc.args, self.proc.returncode, read("stdout"), read("stderr"))
+
+    def stop(self) -> None:
+        """The lab's qemu dies with the lab (PR_SET_PDEATHSIG)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 from cchelpers import mean_tolerance, relative_tolerance
-from labhelpers import PYTHON, ROOT, lab
+from labhelpers import PYTHON, ROOT, Boot
 
 pytestmark = pytest.mark.stock_kernel
 
@@ -42,25 +42,39 @@ def _scenario(path: Path, out: Path) -> str:
     return shlex.join(argv)
 
 
-@pytest.fixture(scope="module")
-def share(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """What the lab boot shares with the host: each scenario's results directory."""
-    return tmp_path_factory.mktemp("aqm-fidelity")
+# The DualPI2 scenarios first: they need the machine alone (conftest.py), the AQM one shares it.
+OUTS = {"l4s": L4S_SCENARIO, "accecn": ACCECN_SCENARIO, "aqm": SCENARIO}
+LAB_BOOT_ALONE_UNTIL = "accecn/results.json"
+
+
+def lab_boot(request: pytest.FixtureRequest) -> Callable[[Path], Boot]:
+    """The scenarios in one boot, each into share / its key (conftest's lab_boots starts it)."""
+    request.getfixturevalue("kernel_lab_sid")
+    request.getfixturevalue("bpf_object")
+
+    def start(share: Path) -> Boot:
+        script = " && ".join(_scenario(path, share / name) for name, path in OUTS.items())
+        return Boot.start(share, "run", "--kernel", "7.2", "--share", str(share), "--timeout", "840", "--cwd",
+                          str(ROOT), "--", "sh", "-c", script)
+    return start
 
 
 @pytest.fixture(scope="module")
-def lab_runs(kernel_lab_sid: Path, bpf_object: Path, share: Path) -> dict[str, dict]:
-    """The scenarios in one boot: {"aqm": results.json of aqm-fidelity.yaml, "l4s": of l4s-fidelity.yaml,
-    "accecn": of l4s-accecn.yaml}, each in share / its key."""
-    outs = {"aqm": (SCENARIO, share / "aqm"), "l4s": (L4S_SCENARIO, share / "l4s"),
-            "accecn": (ACCECN_SCENARIO, share / "accecn")}
-    script = " && ".join(_scenario(path, out) for path, out in outs.values())
-    ran = lab("run", "--kernel", "7.2", "--share", str(share), "--timeout", "840", "--cwd", str(ROOT), "--",
-              "sh", "-c", script, timeout=900)
-    if ran.returncode != 0 or not all((out / "results.json").exists() for _, out in outs.values()):
+def lab_runs(lab_boots: dict) -> dict[str, dict]:
+    """{"aqm": results.json of aqm-fidelity.yaml, "l4s": of l4s-fidelity.yaml, "accecn": of l4s-accecn.yaml}."""
+    boot = lab_boots[__name__].result()
+    ran = boot.result()
+    outs = {name: boot.directory / name for name in OUTS}
+    if ran.returncode != 0 or not all((out / "results.json").exists() for out in outs.values()):
         pytest.fail(f"the AQM fidelity scenarios did not complete in the lab (status {ran.returncode}): "
                     f"{ran.stderr.strip()[-2000:]}")
-    return {name: json.loads((out / "results.json").read_text()) for name, (_, out) in outs.items()}
+    return {name: json.loads((out / "results.json").read_text()) for name, out in outs.items()}
+
+
+@pytest.fixture(scope="module")
+def share(lab_boots: dict) -> Path:
+    """What the lab boot shared with the host: each scenario's results directory."""
+    return lab_boots[__name__].result().directory
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +117,10 @@ METRICS: dict[str, Callable[[dict], float]] = {
 # 35.7 (earlier: kernel 35.0-42.6, ccscope 39.4-47.6). The second boot's close pairs made the pooled spread 28 %
 # against a 39 % gap. Its floor is that of a systematic difference, as PIE's drops have (COUNT_RATIO): ccscope's
 # at most 50 % from the kernel's mean (the gaps seen: 3 % and 39 %).
-FLOORS = {("pie", "ping queueing p95 ms"): 0.5}
+# PIE's median too (2026-11-28): three boots gave the kernel 14.5, 10.0 and 10.8, 13.3 and 8.0, 7.9 ms, ccscope
+# 14.0, 12.8 and 13.0, 14.1 and 12.5, 12.7. The third boot's close pairs made the pooled spread 26 % against a 60 %
+# gap, where the kernel's runs across boots span 8-14.5 ms and ccscope's sit inside that span: a floor of 70 %.
+FLOORS = {("pie", "ping queueing p95 ms"): 0.5, ("pie", "ping queueing median ms"): 0.7}
 
 
 @pytest.mark.parametrize("aqm", AQMS)
@@ -129,7 +146,7 @@ def test_queueing_agrees(runs, aqm: str, what: str) -> None:
     for fq_codel the wait behind the packet on the wire), the two means within 5 %, or the 99.9 % t bound of the
     runs' spread relative to their cell's mean, pooled over the six cells (cchelpers.relative_tolerance: the
     cells' sizes differ tenfold, their relative spreads do not). Measured (four lab runs of the scenario): ping
-    queueing medians 14-16 ms (codel), 11-18 (pie), 3.5-5 (fq_codel)."""
+    queueing medians 14-16 ms (codel), 8-18 (pie), 3.5-5 (fq_codel)."""
     cells = _metric_cells(runs, METRICS[what])
     a, b = cells[(aqm, "kernel")], cells[(aqm, "ccscope")]
     tolerance = relative_tolerance(list(cells.values()), a, b, rel=FLOORS.get((aqm, what), 0.05))
@@ -242,7 +259,10 @@ def test_dualpi2_ran_where_it_was_asked_to(lab_runs) -> None:
 # - prague's share of the two flows' goodput: kernel 0.53-0.67, ccscope 0.49-0.67, a run's sd 0.055; the
 #   difference of two runs' means then has an sd of 0.055, and 0.2 is 3.6 of it (99.9 %);
 # - the L queue (prague's median srtt less the 40 ms path): kernel 14.5-15.0 ms, ccscope 14.6-15.7 (the delay
-#   line's ~0.5 ms under TCG), a run's sd 0.3 ms: within 1.5 ms;
+#   line's ~0.5 ms under TCG), a run's sd 0.3 ms. Since the guest's CPUs take turns in one qemu thread (kernel-lab,
+#   2026-11-28) the delay line, a guest process, runs later: four boots gave the kernel 14.3-15.3 ms and ccscope
+#   15.3-17.0, the means of a boot's two runs 0.8-1.8 ms apart, the delay line releasing 30-94 packets a run over
+#   2 ms late: within 2.5 ms;
 # - the C queue (the ping's median less 40 ms): kernel 22.1-31.0 ms, ccscope 18.5-26.6, a run's sd 3 ms: within
 #   10 ms (3.3 sds of the difference of two runs' means);
 # - the L queue as the ECT(1) ping saw it (its median less 40 ms): two lab runs (2026-11-27), the kernel 7.1,
@@ -253,7 +273,7 @@ def test_dualpi2_ran_where_it_was_asked_to(lab_runs) -> None:
 DUALPI2_TOLERANCES: dict[str, tuple[Callable[[dict, dict, dict], float], float, bool]] = {
     # name: (metric of a run, tolerance, relative to the kernel's mean)
     "prague's share": (lambda run, p, c: p["goodput_bps"] / (p["goodput_bps"] + c["goodput_bps"]), 0.2, False),
-    "L queue ms": (lambda run, p, c: p["srtt_ms"]["median"] - BASE_RTT_MS, 1.5, False),
+    "L queue ms": (lambda run, p, c: p["srtt_ms"]["median"] - BASE_RTT_MS, 2.5, False),
     "C queue ms": (lambda run, p, c: run["ping"]["rtt_ms"]["median"] - BASE_RTT_MS, 10.0, False),
     "L ping ms": (lambda run, p, c: run["ping_l4s"]["rtt_ms"]["median"] - BASE_RTT_MS, 4.0, False),
     "CE packets": (lambda run, p, c: p["delivered_ce_packets"], 0.25, True),

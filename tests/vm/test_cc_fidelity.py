@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from cchelpers import flow_rows, mean_tolerance, post_recovery_ratios, queued_packets, recovery_windows, window_slope
-from labhelpers import PYTHON, ROOT, lab
+from labhelpers import PYTHON, ROOT, Boot
 
 pytestmark = pytest.mark.stock_kernel
 
@@ -20,13 +21,23 @@ SCENARIO = ROOT / "tests" / "vm" / "cc-fidelity.yaml"
 PAIRS = (("vegas", "bpf_vegas"), ("westwood", "bpf_westwood"))
 
 
+def lab_boot(request: pytest.FixtureRequest) -> Callable[[Path], Boot]:
+    """The scenario's boot, into share / "r" (conftest's lab_boots starts it beside the AQM module's)."""
+    request.getfixturevalue("kernel_lab")
+    request.getfixturevalue("bpf_object")
+
+    def start(share: Path) -> Boot:
+        return Boot.start(share, "run", "--share", str(share), "--timeout", "840", "--cwd", str(ROOT), "--",
+                          str(PYTHON), "-m", "ccscope.cli", "scenario", "run", str(SCENARIO), "--out",
+                          str(share / "r"), "--listen", "off", "--no-report", "--no-verify")
+    return start
+
+
 @pytest.fixture(scope="module")
-def fidelity(kernel_lab: Path, bpf_object: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
-    share = tmp_path_factory.mktemp("cc-fidelity")
-    out = share / "r"
-    ran = lab("run", "--share", str(share), "--timeout", "840", "--cwd", str(ROOT), "--",
-              str(PYTHON), "-m", "ccscope.cli", "scenario", "run", str(SCENARIO), "--out", str(out),
-              "--listen", "off", "--no-report", "--no-verify", timeout=900)
+def fidelity(lab_boots: dict) -> tuple[Path, dict]:
+    boot = lab_boots[__name__].result(timeout=900)
+    ran = boot.result()
+    out = boot.directory / "r"
     if ran.returncode != 0 or not (out / "results.json").exists():
         pytest.fail(f"the fidelity scenario did not complete in the lab (status {ran.returncode}): "
                     f"{ran.stderr.strip()[-2000:]}")
