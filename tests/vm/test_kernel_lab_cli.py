@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from labhelpers import PYTHON, ROOT, lab
+from labhelpers import lab
 
 pytestmark = pytest.mark.stock_kernel
 
@@ -84,21 +83,6 @@ def test_a_guest_panic_is_one_line_and_its_console_is_kept(kernel_lab: Path, kep
     assert "Kernel panic - not syncing: sysrq triggered crash" in line and str(kept_panic_console) in line
     # a file of its own, written only when a console has a panic: the boots after it leave it alone
     assert "sysrq triggered crash" in kept_panic_console.read_text(errors="replace")
-
-
-def test_crash_site_names_the_cause_and_the_function() -> None:
-    console = ("[   88.1] BUG: kernel NULL pointer dereference, address: 0000000000000008\n"
-               "[   88.1] #PF: supervisor read access in kernel mode\n"
-               "[   88.1] RIP: 0010:dualpi2_timer+0x6a/0x1f0 [sch_dualpi2]\n"
-               "[   88.2] Kernel panic - not syncing: Fatal exception in interrupt\n")
-    def crash_site(text: str) -> str:  # the lab is a script's package, not an installed one: run it from tools/
-        code = "import sys; from kernel_lab.vm import crash_site; print(crash_site(sys.stdin.read()))"
-        return subprocess.run([str(PYTHON), "-c", code], input=text, capture_output=True, text=True,
-                              cwd=ROOT / "tools", check=True).stdout.strip()
-
-    assert crash_site(console) == ("BUG: kernel NULL pointer dereference, address: 0000000000000008 "
-                                   "at dualpi2_timer+0x6a/0x1f0 [sch_dualpi2]")
-    assert crash_site("Kernel panic - not syncing: sysrq triggered crash\n") == ""
 
 
 def test_missing_qemu_is_one_error_line(kernel_lab: Path) -> None:

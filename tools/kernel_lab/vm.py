@@ -59,7 +59,8 @@ def _command_script(spec: RunSpec, kernel: Kernel) -> str:
     env = {k: v for k, v in os.environ.items() if k in PASSED_ENV or k.startswith(("CCSCOPE_", "KERNEL_LAB_"))}
     # Python's compiled modules go to the guest's home, which persists: the read-only host root has none where
     # the host wrote none (CI's fresh clone), and each `ccscope scenario run` compiled ~100 modules, 1.3 s
-    # under TCG, every time.
+    # under TCG, every time. With a prefix Python reads no __pycache__ beside the sources, so the first boot
+    # also compiles the standard library's and the venv's modules, once.
     env.update({
         "PATH": GUEST_PATH, "HOME": str(guest_home()), "PYTHONPYCACHEPREFIX": str(guest_home() / "pycache"),
         "PYTHONUNBUFFERED": "1", "KERNEL_LAB": "1",
@@ -89,12 +90,13 @@ def _prepare_ctl(ctl: Path, spec: RunSpec, kernel: Kernel) -> None:
 
 def qemu_command(kernel: Kernel, initrd: Path, ctl: Path, spec: RunSpec) -> list[str]:
     # thread=single: all vCPUs take turns in one host thread. With one thread per vCPU (qemu's default), a 7.2
-    # guest died now and then of "Oops: int3" at a static branch that the kernel had just patched live (in
-    # the fresh-clone CI of 454a740 mid-scenario, and here once in two boots, 2.2 s into boot, at
-    # sched_clock_idle_wakeup_event): a vCPU ran an int3 that the kernel's text_poke had already taken back
+    # guest panicked now and then (the fresh-clone CI of 454a740, mid-scenario, its console lost); here, once
+    # in two boots, of "Oops: int3" 2.2 s into boot at a static branch that the kernel had just patched live
+    # (sched_clock_idle_wakeup_event): a vCPU ran an int3 that the kernel's text_poke had already taken back
     # and no longer claimed. qemu can link a block translated from the int3 after another vCPU's write has
     # invalidated the page's blocks (tb_gen_code reads the bytes unlocked and does not read them again).
-    # Taking turns, no translation overlaps another vCPU's write. What it costs: nothing in throughput (twelve
+    # Taking turns, no translation overlaps another vCPU's write (the mechanism is read from qemu's source, not
+    # traced in qemu; about 35 boots since, none panicked). What it costs: nothing in throughput (twelve
     # prague+cubic runs through the kernel's DualPI2 carried 1.903 Mbit/s on average either way, in 150 s of
     # guest either way); a guest process runs a little later, and ccscope's delay line in the guest held
     # prague's queue 0.8-1.8 ms above the kernel's DualPI2 over four boots, against up to 1 ms before.
@@ -188,38 +190,64 @@ def _boot(kernel: Kernel, initrd: Path, ctl: Path, spec: RunSpec) -> int:
         proc.wait()
         for f in out:
             f.pump()
-        _keep_console(ctl)
+        kept = _keep_console(ctl, kernel)
     if timed_out:
-        raise LabError(f"guest did not finish within {spec.timeout:g} s; killed qemu "
-                       f"(console: {cache_dir() / 'last-console.log'})", EXIT_TIMEOUT)
-    return _exit_status(ctl, proc.returncode)
+        raise LabError(f"guest did not finish within {spec.timeout:g} s; killed qemu (console: {kept})",
+                       EXIT_TIMEOUT)
+    return _exit_status(ctl, proc.returncode, kept)
 
 
-def _keep_console(ctl: Path) -> None:
-    """Copy the console to the cache: last-console.log always, last-panic-console.log too when the guest
-    panicked, so that the boots that follow (a test module boots the lab again) do not overwrite the oops."""
+def _keep_console(ctl: Path, kernel: Kernel) -> Path:
+    """Copies the console to the cache, where its error line points: last-console-VERSION.log (the suite boots
+    two kernels at once), and last-panic-console.log too when the guest panicked, which the boots that follow
+    do not overwrite (the CI run of 454a740 lost its oops so)."""
+    kept = cache_dir() / f"last-console-{kernel.version}.log"
     try:
         cache_dir().mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(ctl / "console.log", cache_dir() / "last-console.log")
+        shutil.copyfile(ctl / "console.log", kept)
         if PANIC.search((ctl / "console.log").read_text(errors="replace")):
             shutil.copyfile(ctl / "console.log", cache_dir() / PANIC_CONSOLE)
     except OSError:
         pass
+    return kept
+
+
+# What starts an oops report: 6.x's "BUG: ...", "general protection fault, ...", "kernel BUG at f:l!", "Oops: int3:
+# 0000 [#1]", and before ~6.10 the same without "Oops: " ("int3: 0000 [#1] SMP NOPTI", "invalid opcode: ...").
+OOPS = re.compile(r"(?:BUG: |general protection fault|kernel BUG at |Oops: |[a-z][a-z0-9 ]*: [0-9a-f]{4} \[#\d+\])"
+                  r"[^\r\n]*")
+RIP = re.compile(r"RIP: [0-9a-f]{4}:([^\r\n]+)")
 
 
 def crash_site(console: str) -> str:
-    """The oops's cause and the function it stopped in, from a panicked guest's console: "BUG: kernel NULL
-    pointer dereference, address: 0000000000000008 at dualpi2_timer+0x6a/0x1f0 [sch_dualpi2]", or "" when
-    the console has neither line."""
-    cause = re.search(r"(?:BUG: |general protection fault|Oops: |kernel BUG at )[^\r\n]*", console)
-    rip = re.search(r"RIP: \d+:(\S+(?: \[\S+\])?)", console)
-    parts = [cause.group(0).strip()] if cause else []
-    if rip:
-        parts.append(f"at {rip.group(1)}")
-    return " ".join(parts)
+    """The cause of the oops that led to the panic and the function it stopped in, from a panicked guest's
+    console: "BUG: kernel NULL pointer dereference, address: 0000000000000008 at dualpi2_timer+0x6a/0x1f0
+    [sch_dualpi2]", or "" when it has neither. The oops is the first numbered one ("[#1]"; a second CPU's may
+    follow) or else the last report before the panic; the RIP is the first after it (an earlier warning prints
+    a RIP of its own)."""
+    panic = PANIC.search(console)
+    before = console[:panic.start()] if panic else console
+    reports = list(OOPS.finditer(before))
+    if not reports:
+        return ""
+    first = next((i for i, m in enumerate(reports) if "[#1]" in m.group(0)), len(reports) - 1)
+    shown = reports[first - 1] if first and _names_the_cause(before, reports[first - 1], reports[first]) \
+        else reports[first]
+    rip = RIP.search(before, reports[first].end())
+    return shown.group(0).strip() + (f" at {rip.group(1).strip()}" if rip else "")
 
 
-def _exit_status(ctl: Path, qemu_status: int) -> int:
+def _names_the_cause(console: str, line: re.Match, oops: re.Match) -> bool:
+    """Whether the report line before the oops says more than it: "kernel BUG at f:l!" right before its
+    "invalid opcode: 0000 [#1]", or a page fault's "BUG: ..." (what was touched) with only #PF and page table
+    lines between."""
+    between = console[line.end():oops.start()].splitlines()[1:-1]  # the lines wholly between the two
+    if line.group(0).startswith("kernel BUG at "):
+        return not between
+    return line.group(0).startswith("BUG: ") and len(between) <= 6 and any("#PF:" in x for x in between)
+
+
+def _exit_status(ctl: Path, qemu_status: int, kept: Path) -> int:
     try:
         return int((ctl / "rc").read_text().strip())
     except (OSError, ValueError):
@@ -230,7 +258,7 @@ def _exit_status(ctl: Path, qemu_status: int) -> int:
         return int(marker.group(1))
     failure = re.search(r"KERNEL-LAB-FAIL (.*)", console)
     panic = PANIC.search(console)
-    where = f"(console: {cache_dir() / 'last-console.log'})"
+    where = f"(console: {kept})"
     if failure:
         raise LabError(f"guest init failed: {failure.group(1).strip()} {where}")
     if panic:
