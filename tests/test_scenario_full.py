@@ -388,6 +388,9 @@ def _marks_allowance(run: dict) -> float:
     return 0.01 * run["link"]["up"]["aqm_marks"] + 3 * prague["ce_fraction"] * run["ping_l4s"]["sent"]
 
 
+QUIET_LATE_SHARE = 0.001  # of the uplink's packets: a tenth of the stall warning's share
+
+
 def _l4s_pings(doc: dict, runs: dict[str, dict], base_ms: float) -> None:
     """A ping in each queue (traffic.ping.l4s), measured apart from the delay line's own sojourn counts: the
     ECT(1) one waits as long as the L queue's packets, the plain one as long as the C queue's, and beside cubic's
@@ -399,9 +402,9 @@ def _l4s_pings(doc: dict, runs: dict[str, dict], base_ms: float) -> None:
     sojourn p99 was 0.23 ms, and in a run with 1.5 % of its packets late (up to 19 ms) the plain ping's median
     was 3.3 ms (44 %) above the C queue's. So the ECT(1) ping's tail may add each direction's longest lateness,
     and where the run has a stall warning (machine_stalls) the run says so. The medians are held to the queues'
-    only where the delay lines released no packet late at all: a fresh-clone suite's prague+cubic run, late by
-    up to 8 and 13 ms for 658 packets (under the warning's 1 %), had its plain ping's median 33 % above the C
-    queue's, where quiet runs read 1-19 %."""
+    only where the delay lines released at most QUIET_LATE_SHARE of the packets late: a full suite's prague+cubic
+    run, 658 of 55,327 (1.2 %; 0.8 % of both directions', under the warning's 1 %) late by up to 8 and 13 ms, had
+    its plain ping's median 33 % above the C queue's; runs with none late read 1-19 %."""
     for label in ("cubic", "prague+cubic"):
         run = runs[label]
         up, plain, marked = run["link"]["up"], run["ping"]["rtt_ms"], run["ping_l4s"]["rtt_ms"]
@@ -411,7 +414,7 @@ def _l4s_pings(doc: dict, runs: dict[str, dict], base_ms: float) -> None:
         stalled = machine_stalls(run["link"])
         if stalled is not None:
             assert f"{run['label']}: {stalled}" in doc["warnings"], doc["warnings"]
-        if any(direction.get("late_releases") for direction in run["link"].values()):
+        if sum(d.get("late_releases", 0) for d in run["link"].values()) > QUIET_LATE_SHARE * up["packets"]:
             continue
         assert abs(marked["median"] - base_ms - up["sojourn_l"]["median_ms"]) <= 0.5, (label, marked, up)
         c_queue = up["sojourn_c"]["median_ms"]

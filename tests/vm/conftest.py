@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -51,38 +51,46 @@ def bpf_object() -> Path:
     return path
 
 
-
 @pytest.fixture(scope="session")
 def lab_boots(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
               ) -> Iterator[dict[str, Future[Boot]]]:
     """The boot of each collected module that has `lab_boot(request) -> start(directory) -> Boot`, by module name.
     A module with LAB_BOOT_ALONE_UNTIL (a path in its boot's directory) boots first and alone until that path
-    exists or its boot ends; the others then start beside it. A module whose prerequisites failed or skipped
-    gets that exception from its future."""
+    exists or its boot ends; the others then start beside it. A module whose prerequisites or start failed (or
+    skipped) gets that exception from its future."""
     modules = {item.module.__name__: item.module for item in request.session.items
-               if item.module is not None and hasattr(item.module, "lab_boot")}
+               if hasattr(getattr(item, "module", None), "lab_boot")}
     futures: dict[str, Future[Boot]] = {name: Future() for name in modules}
-    starters = {}
+    starters: dict[str, Callable[[Path], Boot]] = {}
     for name, module in modules.items():  # fixtures are resolved here, in pytest's thread
         try:
             starters[name] = module.lab_boot(request)
-        except (pytest.skip.Exception, pytest.fail.Exception) as err:
+        except (Exception, pytest.skip.Exception, pytest.fail.Exception) as err:
             futures[name].set_exception(err)
+
+    def start(name: str) -> None:
+        try:
+            futures[name].set_result(starters[name](tmp_path_factory.mktemp(name)))
+        except Exception as err:  # the module's fixture raises it
+            futures[name].set_exception(err)
+
+    alone = [name for name in starters if hasattr(modules[name], "LAB_BOOT_ALONE_UNTIL")]
+    for name in alone:
+        start(name)
     stopping = threading.Event()
 
-    def start(name: str) -> Boot:
-        boot = starters[name](tmp_path_factory.mktemp(name))
-        futures[name].set_result(boot)
-        return boot
-
-    alone = {name: start(name) for name in starters if hasattr(modules[name], "LAB_BOOT_ALONE_UNTIL")}
-
     def start_the_rest() -> None:
-        for name, boot in alone.items():
-            boot.wait_for(boot.directory / modules[name].LAB_BOOT_ALONE_UNTIL, stopping)
-        for name in starters.keys() - alone.keys():
-            if not stopping.is_set():
-                start(name)
+        try:
+            for name in alone:
+                if futures[name].exception() is None:
+                    boot = futures[name].result()
+                    boot.wait_for(boot.directory / modules[name].LAB_BOOT_ALONE_UNTIL, stopping)
+        finally:
+            for name in starters.keys() - set(alone):
+                if stopping.is_set():
+                    futures[name].cancel()
+                else:
+                    start(name)
 
     later = threading.Thread(target=start_the_rest, daemon=True)
     later.start()
@@ -92,5 +100,5 @@ def lab_boots(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
         stopping.set()
         later.join()
         for future in futures.values():
-            if future.done() and future.exception() is None:
+            if future.done() and not future.cancelled() and future.exception() is None:
                 future.result().stop()

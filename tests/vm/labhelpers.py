@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -50,12 +51,20 @@ class Boot:
             self.proc.wait(timeout=timeout)
         finally:
             self.stop()
-        read = lambda name: (self.directory / name).read_text(errors="replace")  # noqa: E731
-        return subprocess.CompletedProcess(self.proc.args, self.proc.returncode, read("stdout"), read("stderr"))
+        return subprocess.CompletedProcess(self.proc.args, self.proc.returncode, self._read("stdout"),
+                                           self._read("stderr"))
+
+    def _read(self, name: str) -> str:
+        return (self.directory / name).read_text(errors="replace")
 
     def stop(self) -> None:
-        """The lab's qemu dies with the lab (PR_SET_PDEATHSIG)."""
-        if self.proc.poll() is None:
+        """Ctrl-C, as a user would stop the lab: it kills qemu, keeps the console and removes its files; killed
+        if it has not ended 10 s later (its qemu then dies with it: PR_SET_PDEATHSIG)."""
+        if self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-

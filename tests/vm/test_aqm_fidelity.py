@@ -19,6 +19,7 @@ import json
 import shlex
 import statistics
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -42,7 +43,7 @@ def _scenario(path: Path, out: Path) -> str:
     return shlex.join(argv)
 
 
-# The DualPI2 scenarios first: they need the machine alone (conftest.py), the AQM one shares it.
+# The DualPI2 scenarios first, kept alone in case the other boot moves them (conftest.py); the AQM one shares.
 OUTS = {"l4s": L4S_SCENARIO, "accecn": ACCECN_SCENARIO, "aqm": SCENARIO}
 LAB_BOOT_ALONE_UNTIL = "accecn/results.json"
 
@@ -60,7 +61,7 @@ def lab_boot(request: pytest.FixtureRequest) -> Callable[[Path], Boot]:
 
 
 @pytest.fixture(scope="module")
-def lab_runs(lab_boots: dict) -> dict[str, dict]:
+def lab_runs(lab_boots: dict[str, Future[Boot]]) -> dict[str, dict]:
     """{"aqm": results.json of aqm-fidelity.yaml, "l4s": of l4s-fidelity.yaml, "accecn": of l4s-accecn.yaml}."""
     boot = lab_boots[__name__].result()
     ran = boot.result()
@@ -72,7 +73,7 @@ def lab_runs(lab_boots: dict) -> dict[str, dict]:
 
 
 @pytest.fixture(scope="module")
-def share(lab_boots: dict) -> Path:
+def share(lab_runs: dict[str, dict], lab_boots: dict[str, Future[Boot]]) -> Path:
     """What the lab boot shared with the host: each scenario's results directory."""
     return lab_boots[__name__].result().directory
 

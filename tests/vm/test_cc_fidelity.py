@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import statistics
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,7 @@ def lab_boot(request: pytest.FixtureRequest) -> Callable[[Path], Boot]:
 
 
 @pytest.fixture(scope="module")
-def fidelity(lab_boots: dict) -> tuple[Path, dict]:
+def fidelity(lab_boots: dict[str, Future[Boot]]) -> tuple[Path, dict]:
     boot = lab_boots[__name__].result(timeout=900)
     ran = boot.result()
     out = boot.directory / "r"
