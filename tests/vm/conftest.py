@@ -4,14 +4,12 @@ The lab fetches its kernels once into /var/cache/ccscope-kernel-lab (6.1 by defa
 kernel's AQMs); each test module boots one once
 and batches its checks into that boot (TCG is slow). Under CI=true a missing prerequisite fails.
 
-The two fidelity modules' boots overlap (lab_boots): the lab's guest takes one core (its CPUs take turns in one
-qemu thread), and the suite would leave the other idle while it waits. Side by side from the start on this
-2-core machine (2026-11-28), both passed in 256 and 224 s, where one after the other they took 270 and 238 s,
-and the AQM scenario's delay line kept its goodput (1.82-1.91 Mbit/s). Its DualPI2 runs, the comparison with
-the tightest bound (test_dualpi2_agrees_with_the_kernels), held prague's queue at 15.3-17.0 ms beside the other
-boot (three boots) and 16.1 alone (one): no clear cost, but not enough runs to rule one out. So the AQM boot
-runs its DualPI2 scenarios first and alone (LAB_BOOT_ALONE_UNTIL), and the cc-fidelity boot (netem: the guest
-kernel's) starts when they are done; the two modules then took 321 s, where one after the other they took 508.
+The fidelity modules' boots run one after the other (lab_boots), the AQM one first and alone: the lab's guest
+takes one core (its CPUs take turns in one qemu thread), but a second guest beside it made ccscope's delay line,
+a process in the AQM guest, run late. Side by side (2026-11-28) the DualPI2 runs held prague's queue at
+15.3-17.0 ms against 16.1 alone, and once a fq_codel run released 48 packets late by up to 29 ms and its ping's
+median (6.25 ms) passed the packet on the wire that test_fq_codel_serves_the_ping_at_once_in_both bounds it by.
+So the cc-fidelity boot starts when the AQM boot has ended (LAB_BOOT_ALONE).
 """
 
 from __future__ import annotations
@@ -55,9 +53,8 @@ def bpf_object() -> Path:
 def lab_boots(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
               ) -> Iterator[dict[str, Future[Boot]]]:
     """The boot of each collected module that has `lab_boot(request) -> start(directory) -> Boot`, by module name.
-    A module with LAB_BOOT_ALONE_UNTIL (a path in its boot's directory) boots first and alone until that path
-    exists or its boot ends; the others then start beside it. A module whose prerequisites or start failed (or
-    skipped) gets that exception from its future."""
+    A module with LAB_BOOT_ALONE = True boots first and alone; the others start when its boot has ended. A module
+    whose prerequisites or start failed (or skipped) gets that exception from its future."""
     modules = {item.module.__name__: item.module for item in request.session.items
                if hasattr(getattr(item, "module", None), "lab_boot")}
     futures: dict[str, Future[Boot]] = {name: Future() for name in modules}
@@ -74,7 +71,7 @@ def lab_boots(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
         except Exception as err:  # the module's fixture raises it
             futures[name].set_exception(err)
 
-    alone = [name for name in starters if hasattr(modules[name], "LAB_BOOT_ALONE_UNTIL")]
+    alone = [name for name in starters if getattr(modules[name], "LAB_BOOT_ALONE", False)]
     for name in alone:
         start(name)
     stopping = threading.Event()
@@ -83,8 +80,7 @@ def lab_boots(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
         try:
             for name in alone:
                 if futures[name].exception() is None:
-                    boot = futures[name].result()
-                    boot.wait_for(boot.directory / modules[name].LAB_BOOT_ALONE_UNTIL, stopping)
+                    futures[name].result().wait_for_end(stopping)
         finally:
             for name in starters.keys() - set(alone):
                 if stopping.is_set():

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ccscope_testkit.net import stop_process
 from ccscope_testkit.prereqs import ROOT, require
 
 __all__ = ["LAB", "PYTHON", "ROOT", "Boot", "lab", "require"]
@@ -38,10 +39,10 @@ class Boot:
             return cls(subprocess.Popen([str(LAB), *args], stdout=out, stderr=err, stdin=subprocess.DEVNULL),
                        directory)
 
-    def wait_for(self, path: Path, stopping: threading.Event, timeout: float = 900) -> None:
-        """Until `path` exists, the boot has ended, `stopping` is set or `timeout` has passed."""
+    def wait_for_end(self, stopping: threading.Event, timeout: float = 900) -> None:
+        """Until the boot has ended, `stopping` is set or `timeout` has passed."""
         deadline = time.monotonic() + timeout
-        while not path.exists() and self.proc.poll() is None and time.monotonic() < deadline:
+        while self.proc.poll() is None and time.monotonic() < deadline:
             if stopping.wait(0.5):
                 return
 
@@ -60,11 +61,4 @@ class Boot:
     def stop(self) -> None:
         """Ctrl-C, as a user would stop the lab: it kills qemu, keeps the console and removes its files; killed
         if it has not ended 10 s later (its qemu then dies with it: PR_SET_PDEATHSIG)."""
-        if self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGINT)
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc, signal.SIGINT, timeout=10)
