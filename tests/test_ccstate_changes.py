@@ -42,13 +42,14 @@ def test_memory_is_bounded_oldest_first() -> None:
 
 def test_trace_shows_changes_of_its_flows_only() -> None:
     flows = TracedFlows()
-    flows.saw({"cookie": 1, "src": "10.0.0.1", "sport": 40000, "dst": "10.0.0.2", "dport": 5201})
+    flows.saw(1, "10.0.0.1:40000->10.0.0.2:5201")
     lines = flows.state_lines([bbr(1, 0), bbr(9, 0)], 0.0, as_json=True)
     [line] = [json.loads(x) for x in lines]
     assert (line["flow"], line["event"], line["state"]["mode"]) == ("10.0.0.1:40000->10.0.0.2:5201", "state_change",
                                                                     "startup")
     # flow 9's change waits one poll for its first sample; met then, it is shown, in text too
-    flows.saw({"cookie": 9, "src": "10.0.0.1", "sport": 40001, "dst": "10.0.0.2", "dport": 5201})
+    flows.saw(9, "10.0.0.1:40001->10.0.0.2:5201")
+    assert flows.knows(9) and not flows.knows(5)
     [text] = flows.state_lines([], 0.0, as_json=False)
     assert b"10.0.0.1:40001->10.0.0.2:5201 bbr:startup" in text
     assert flows.state_lines([bbr(5, 0)], 0.0, as_json=True) == []

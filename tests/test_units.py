@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import ipaddress
 import itertools
 import json
 import re
@@ -12,32 +11,13 @@ import socket
 
 import pytest
 from ccscope import bpf_types as bt
-from ccscope.cli import _trace_line, format_flows
+from ccscope.cli import _trace_text, format_flows
 from ccscope.errors import UsageError
 from ccscope.exporter import histogram_buckets
-from ccscope.flows import FLOW_COLUMNS, FlowFilter, FlowSelection, decode, record_fields
+from ccscope.flows import FLOW_COLUMNS, FlowFilter, FlowSelection, decode
 from ccscope.flowscan import FlowColumns
 from ccscope.units import format_bytes, format_rate, parse_duration, parse_listen, parse_loss, parse_rate, parse_size
-
-
-def raw_flow(**fields) -> bt.Flow:
-    """A kernel record as tcp_probe would write it: a cubic IPv4 flow in congestion avoidance."""
-    values = dict(cookie=42, netns=4026531840, family=socket.AF_INET, sport=40000, dport=5201, ca_state=0,
-                  sk_state=1, event=1, snd_cwnd=20, snd_ssthresh=14, srtt_us=12_500, rttvar_us=700,
-                  min_rtt_us=10_000, mss_cache=1448, packets_out=18, retrans_out=1, lost_out=2, sacked_out=3,
-                  total_retrans=7, lost=9, rate_delivered=10, rate_interval_us=2_000, bytes_acked=1_000_000,
-                  bytes_received=500, bytes_sent=1_010_000, pacing_rate=3_000_000, first_ns=1, last_ns=2,
-                  ca_name=b"cubic")
-    values.update(fields)
-    flow = bt.Flow()
-    for name in ("saddr", "daddr"):
-        addr = values.pop(name, None)
-        if addr is not None:
-            packed = ipaddress.ip_address(addr).packed
-            getattr(flow, name)[: len(packed)] = list(packed)
-    for name, value in values.items():
-        setattr(flow, name, value)
-    return flow
+from records import raw_flow
 
 
 def test_decode_ipv4_units_and_derived_values() -> None:
@@ -257,16 +237,9 @@ def test_format_flows_table() -> None:
     assert row[-3:] == ["7", "-", "-"]  # retransmits; this record names no process, and no cgroup resolver
 
 
-def test_trace_line_json_and_text() -> None:
+def test_trace_line_text() -> None:
     raw = raw_flow(saddr="192.0.2.1", daddr="192.0.2.2", last_ns=5_000_000_000, event=3, closed_ns=9)
-    data = json.loads(_trace_line(record_fields(raw), 1000.0, as_json=True))
-    unattributed = {"cgroup": "", "container": "", "pod": "", "namespace": "", "pod_uid": ""}  # no resolver
-    assert {k: v for k, v in data.items() if k not in ("time", "event")} == \
-        {**{k: v for k, v in decode(raw).as_dict().items() if k != "event"}, **unattributed}  # as_dict()'s too
-    assert data["time"] == pytest.approx(1005.0)
-    assert data["event"] == "close"
-    assert data["srtt_s"] == pytest.approx(0.0125)
-    text = _trace_line(record_fields(raw), 1000.0, as_json=False).decode()
+    text = _trace_text(decode(raw), 1000.0).decode()
     assert "192.0.2.1:40000->192.0.2.2:5201 cubic cwnd=20 srtt=12.50ms retrans=7 open CLOSED" in text
 
 

@@ -16,12 +16,12 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-import orjson
 from prometheus_client import CollectorRegistry
 
 from . import __version__, check
+from . import bpf_types as bt
 from .attribution import UNATTRIBUTED, Attributor, LabelOptions
-from .bpf_types import EVENT_NAMES, Counter
+from .bpf_types import Counter
 from .cc.provide import shown_names
 from .ccstate.decoders import AlgorithmState
 from .ccstate.trace_lines import TracedFlows
@@ -33,9 +33,8 @@ from .flows import (
     FlowRecord,
     FlowSelection,
     attribution_columns,
+    decode,
     monotonic_ns,
-    record_fields,
-    with_derived,
 )
 from .linewriter import MAX_QUEUED_BYTES, LineWriter
 from .live.app import LiveApp, serve_page, table_rows, table_source
@@ -45,6 +44,7 @@ from .loader import ProbeOptions
 from .metrics_endpoint import MetricsServer
 from .otlp import OtlpOptions, OtlpPush
 from .telemetry.session import Session
+from .tracejson import TraceEncoder
 from .units import DEFAULT_LISTEN, parse_duration, parse_listen
 from .web import config as webconfig
 from .web.http import Authenticator, Limits, serve_promptly
@@ -353,17 +353,9 @@ def cmd_flows(args: argparse.Namespace) -> int:
 # --- trace -----------------------------------------------------------------------------------------
 
 
-def _trace_line(fields: dict, wall_offset: float, as_json: bool, attributor: Attributor | None = None) -> bytes:
-    """One sample (flows.record_fields()) as a JSON line with as_dict()'s keys, the attribution, the time and the
-    event's name; or as text. JSON goes from the fields to orjson without a FlowRecord in between: this runs per
-    sample, and orjson takes ~1 us where json.dumps took ~8 of the ~20 us a sample used to cost."""
-    wall = fields["last_ns"] / 1e9 + wall_offset
-    if as_json:
-        data = _attributed(with_derived(fields), attributor)
-        data["time"] = round(wall, 6)
-        data["event"] = EVENT_NAMES.get(data["event"], str(data["event"]))
-        return orjson.dumps(data)
-    flow = FlowRecord(**fields)
+def _trace_text(flow: FlowRecord, wall_offset: float) -> bytes:
+    """One sample as `ccscope trace`'s text line (--json: tracejson.py)."""
+    wall = flow.last_ns / 1e9 + wall_offset
     return (f"{time.strftime('%H:%M:%S', time.localtime(wall))}.{int(wall % 1 * 1e3):03d} {flow.name} "
             f"{flow.cc} cwnd={flow.cwnd_segments} srtt={flow.srtt_s * 1e3:.2f}ms "
             f"retrans={flow.retransmits} {flow.ca_state}{' CLOSED' if flow.closed_ns else ''}").encode()
@@ -390,18 +382,21 @@ def cmd_trace(args: argparse.Namespace) -> int:
     pending: list[bytes] = []  # written once per poll: one write per batch, not per sample
     names = TracedFlows()  # the flows this trace shows, for their state changes
 
-    def on_samples(raws: list) -> None:
+    encoder = TraceEncoder(wall_offset, attributor)
+
+    def on_samples(flows: list[bt.FlowTuple]) -> None:
         nonlocal emitted
-        for raw in raws:
+        for flow in flows:
             if args.count is not None and emitted >= args.count:
                 return
-            if not flow_filter.matches_ids(raw):  # netns and ports, before paying for a decode
+            if not flow_filter.matches_ids(flow):  # netns and ports, before paying for a decode
                 continue
-            fields = record_fields(raw)
-            if flow_filter.beyond_ids and not flow_filter.matches(FlowRecord(**fields)):
+            record = decode(flow) if flow_filter.beyond_ids or not args.json else None
+            if record is not None and not flow_filter.matches(record):
                 continue
-            names.saw(fields)
-            pending.append(_trace_line(fields, wall_offset, args.json, attributor))
+            if not names.knows(flow.cookie):
+                names.saw(flow.cookie, (record or decode(flow)).name)
+            pending.append(encoder.line(flow) if args.json else _trace_text(record, wall_offset))
             emitted += 1
             if args.count is not None and emitted >= args.count:
                 stop.set()
@@ -428,6 +423,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
                 drain_changes()
                 if attributor:
                     attributor.refresh()
+                encoder.refresh()
                 if pending and not writer.put(pending):
                     break
                 pending.clear()

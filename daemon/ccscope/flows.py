@@ -140,67 +140,90 @@ def decode(flow: bt.Flow | bt.FlowTuple) -> FlowRecord:
     return FlowRecord(**record_fields(flow))
 
 
+class RecordField(NamedTuple):
+    """How one of FlowRecord's fields comes from struct flow: `kernel`, a Python expression over struct flow's
+    fields (bt.FlowTuple's names) and the names in RECORD_NAMESPACE. `per_flow`: fixed for the flow's life (given
+    the values of the kernel fields it reads), so `ccscope trace` encodes it once per flow (tracejson.py)."""
+
+    name: str
+    kernel: str
+    per_flow: bool = False
+
+
+# FlowRecord's fields in its order, each from the kernel once: record_fields() and the trace's encoder are compiled
+# from this table, so a field's conversion is written here and nowhere else.
+RECORD_FIELDS: tuple[RecordField, ...] = (
+    RecordField("cookie", "cookie", True),
+    RecordField("netns", "netns", True),
+    RecordField("family", "'ipv6' if family == AF_INET6 else 'ipv4'", True),
+    RecordField("src", "_address(family, saddr)", True),  # any family but AF_INET6 is read as IPv4
+    RecordField("sport", "sport", True),
+    RecordField("dst", "_address(family, daddr)", True),
+    RecordField("dport", "dport", True),
+    RecordField("cc", "_text(ca_name) or 'unknown'", True),  # per flow given ca_name: a switch is a new key
+    RecordField("ca_state", "CA_STATES[ca_state] if ca_state < len(CA_STATES) else str(ca_state)"),
+    RecordField("state", "TCP_STATES.get(sk_state) or str(sk_state)"),
+    RecordField("cwnd_segments", "snd_cwnd"),
+    RecordField("ssthresh_segments", "None if snd_ssthresh >= INFINITE_SSTHRESH else snd_ssthresh"),
+    RecordField("srtt_s", "srtt_us / 1e6"),
+    RecordField("rttvar_s", "rttvar_us / 1e6"),
+    RecordField("min_rtt_s", "None if min_rtt_us in (0, 0xFFFFFFFF) else min_rtt_us / 1e6"),
+    RecordField("mss_bytes", "mss_cache"),
+    RecordField("packets_in_flight", "max(0, packets_out - sacked_out - lost_out + retrans_out)"),
+    RecordField("bytes_acked", "bytes_acked"),
+    RecordField("bytes_sent", "bytes_sent"),
+    RecordField("bytes_received", "bytes_received"),
+    RecordField("retransmits", "total_retrans"),
+    RecordField("lost_packets", "lost"),
+    RecordField("pacing_rate_Bps", "None if pacing_rate >= UNLIMITED_PACING >> 1 else float(pacing_rate)"),
+    # tcp_get_info(): rate_delivered * mss * USEC_PER_SEC / rate_interval_us
+    RecordField("delivery_rate_Bps",
+                "rate_delivered * mss_cache * 1e6 / rate_interval_us if rate_delivered and rate_interval_us else 0.0"),
+    RecordField("first_ns", "first_ns", True),
+    RecordField("last_ns", "last_ns"),
+    RecordField("closed_ns", "closed_ns"),
+    RecordField("event", "event"),
+    RecordField("tgid", "tgid", True),
+    RecordField("comm", "_text(comm)", True),
+    RecordField("cgroup_id", "cgroup_id", True),
+    RecordField("delivered_packets", "delivered"),
+    RecordField("delivered_ce_packets", "delivered_ce"),
+    RecordField("ecn", "ECN_MODES[ecn_flags & ECN_MODE_BITS]"),
+    RecordField("spurious_retransmits", "dsack_dups"),
+)
+
+
+def compile_record(fields: Sequence[RecordField], function: str) -> Callable[[bt.FlowTuple], dict]:
+    """A function of one struct flow (bt.FlowTuple, or any tuple in its order) returning {field.name: value}: one
+    tuple unpack into locals and one dict display, the fastest shape in CPython (~40 namedtuple attribute reads cost
+    more than all the conversions). Compiled from the table as namedtuple and dataclasses compile theirs."""
+    body = ", ".join(f"{f.name!r}: {f.kernel}" for f in fields)
+    source = f"def {function}(flow):\n    ({', '.join(bt.FlowTuple._fields)},) = flow\n    return {{{body}}}\n"
+    namespace = dict(RECORD_NAMESPACE)
+    exec(compile(source, f"<ccscope.flows {function}>", "exec"), namespace)
+    return namespace[function]
+
+
 def record_fields(flow: bt.Flow | bt.FlowTuple) -> dict:
     """FlowRecord's fields of one kernel record, in its order and units: decode() builds the record from them,
     `ccscope trace --json` writes them as they are (no record in between: it runs per sample)."""
     if isinstance(flow, bt.Flow):  # one struct unpack beats ~35 ctypes attribute reads
         flow = bt.unpack_flow(bytes(flow))
-    # one tuple unpack into locals: ~40 namedtuple attribute reads cost more than the rest; fields in struct
-    # flow's order, later fields ignored here
-    (cookie, first_ns, last_ns, closed_ns, bytes_acked, bytes_sent, bytes_received, pacing_rate, netns, family,
-     sport, dport, ca_state, sk_state, event, _pad0, saddr, daddr, snd_cwnd, snd_ssthresh, srtt_us, rttvar_us,
-     min_rtt_us, mss_cache, packets_out, retrans_out, lost_out, sacked_out, total_retrans, lost, delivered,
-     rate_delivered, rate_interval_us, _retransmit_events, ca_name, cgroup_id, tgid, _cgroup_slot, comm,
-     delivered_ce, ecn_flags, _pad1, dsack_dups, *_) = flow
-    family = socket.AF_INET6 if family == socket.AF_INET6 else socket.AF_INET
-    delivery = 0.0
-    if rate_delivered and rate_interval_us:
-        # tcp_get_info(): rate_delivered * mss * USEC_PER_SEC / rate_interval_us
-        delivery = rate_delivered * mss_cache * 1e6 / rate_interval_us
-    in_flight = packets_out - sacked_out - lost_out + retrans_out
-    return {
-        "cookie": cookie,
-        "netns": netns,
-        "family": "ipv6" if family == socket.AF_INET6 else "ipv4",
-        "src": _address(family, saddr),
-        "sport": sport,
-        "dst": _address(family, daddr),
-        "dport": dport,
-        "cc": _text(ca_name) or "unknown",
-        "ca_state": CA_STATES[ca_state] if ca_state < len(CA_STATES) else str(ca_state),
-        "state": TCP_STATES.get(sk_state) or str(sk_state),
-        "cwnd_segments": snd_cwnd,
-        "ssthresh_segments": None if snd_ssthresh >= INFINITE_SSTHRESH else snd_ssthresh,
-        "srtt_s": srtt_us / 1e6,
-        "rttvar_s": rttvar_us / 1e6,
-        "min_rtt_s": None if min_rtt_us in (0, 0xFFFFFFFF) else min_rtt_us / 1e6,
-        "mss_bytes": mss_cache,
-        "packets_in_flight": max(0, in_flight),
-        "bytes_acked": bytes_acked,
-        "bytes_sent": bytes_sent,
-        "bytes_received": bytes_received,
-        "retransmits": total_retrans,
-        "lost_packets": lost,
-        "pacing_rate_Bps": None if pacing_rate >= UNLIMITED_PACING >> 1 else float(pacing_rate),
-        "delivery_rate_Bps": delivery,
-        "first_ns": first_ns,
-        "last_ns": last_ns,
-        "closed_ns": closed_ns,
-        "event": event,
-        "tgid": tgid,
-        "comm": _text(comm),
-        "cgroup_id": cgroup_id,
-        "delivered_packets": delivered,
-        "delivered_ce_packets": delivered_ce,
-        "ecn": ECN_MODES[ecn_flags & ECN_MODE_BITS],
-        "spurious_retransmits": dsack_dups,
-    }
+    return _record_fields(flow)
 
 
 @functools.lru_cache(maxsize=4096)
 def _text(raw: bytes) -> str:
     """A NUL-padded kernel string (ca_name, comm): a few distinct values, decoded once each."""
     return raw.split(b"\0", 1)[0].decode(errors="replace")
+
+
+RECORD_NAMESPACE = {
+    "AF_INET6": socket.AF_INET6, "CA_STATES": CA_STATES, "TCP_STATES": TCP_STATES, "ECN_MODES": ECN_MODES,
+    "ECN_MODE_BITS": ECN_MODE_BITS, "INFINITE_SSTHRESH": INFINITE_SSTHRESH, "UNLIMITED_PACING": UNLIMITED_PACING,
+    "_address": _address, "_text": _text,
+}
+_record_fields = compile_record(RECORD_FIELDS, "record_fields")
 
 
 @dataclass

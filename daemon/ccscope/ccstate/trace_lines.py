@@ -11,7 +11,6 @@ from collections import OrderedDict
 
 import orjson
 
-from ..flows import flow_name
 from .changes import ChangeReader, StateChange
 
 MAX_FLOWS = 16384  # flows the trace remembers the names of; the oldest is forgotten first
@@ -26,11 +25,14 @@ class TracedFlows:
         self._reader = ChangeReader()
         self._waiting: list[StateChange] = []
 
-    def saw(self, fields: dict) -> None:
-        """A sample this trace shows (flows.record_fields())."""
-        cookie = fields["cookie"]
+    def knows(self, cookie: int) -> bool:
+        """Whether the trace has shown a sample of this flow."""
+        return cookie in self._names
+
+    def saw(self, cookie: int, name: str) -> None:
+        """A sample this trace shows, of the flow named `name` (FlowRecord.name)."""
         if cookie not in self._names:
-            self._names[cookie] = flow_name(fields["src"], fields["sport"], fields["dst"], fields["dport"])
+            self._names[cookie] = name
             if len(self._names) > MAX_FLOWS:
                 self._names.popitem(last=False)
 
