@@ -9,9 +9,9 @@ import operator
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from . import bpf_types as bt
 from .attribution import Attribution, Attributor
@@ -193,14 +193,23 @@ RECORD_FIELDS: tuple[RecordField, ...] = (
 )
 
 
-def compile_record(fields: Sequence[RecordField], function: str) -> Callable[[bt.FlowTuple], dict]:
+def compile_record(fields: Sequence[RecordField], function: str, *, extra: Sequence[tuple[str, str]] = (),
+                   arguments: Sequence[str] = (), result: str = "{entries}",
+                   names: Mapping[str, object] | None = None) -> Callable[..., Any]:
     """A function of one struct flow (bt.FlowTuple, or any tuple in its order) returning {field.name: value}: one
     tuple unpack into locals and one dict display, the fastest shape in CPython (~40 namedtuple attribute reads cost
-    more than all the conversions). Compiled from the table as namedtuple and dataclasses compile theirs."""
-    body = ", ".join(f"{f.name!r}: {f.kernel}" for f in fields)
-    source = f"def {function}(flow):\n    ({', '.join(bt.FlowTuple._fields)},) = flow\n    return {{{body}}}\n"
-    namespace = dict(RECORD_NAMESPACE)
-    exec(compile(source, f"<ccscope.flows {function}>", "exec"), namespace)
+    more than all the conversions). Compiled from the table as namedtuple and dataclasses compile theirs.
+
+    `extra`: more entries (name, expression), whose expressions read a field's value as r_NAME; `arguments` after
+    the record; `result`: what is returned, around the dict display ({entries}); `names`: what the expressions
+    read besides RECORD_NAMESPACE."""
+    lines = [f"def {function}(flow{''.join(', ' + a for a in arguments)}):",
+             f"    ({', '.join(bt.FlowTuple._fields)},) = flow"]
+    lines += [f"    r_{f.name} = {f.kernel}" for f in fields]
+    entries = [f"{f.name!r}: r_{f.name}" for f in fields] + [f"{name!r}: {expression}" for name, expression in extra]
+    lines.append("    return " + result.format(entries="{" + ", ".join(entries) + "}"))
+    namespace = {**RECORD_NAMESPACE, **(names or {})}
+    exec(compile("\n".join(lines) + "\n", f"<ccscope.flows {function}>", "exec"), namespace)
     return namespace[function]
 
 
