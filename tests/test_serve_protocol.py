@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from ccscope import sample
 from ccscope.sample import Sample
 from ccscope.serve import protocol
 
@@ -89,9 +90,30 @@ def test_a_sample_row_is_typed_and_bounded():
             Sample.from_row(row)
 
 
-def test_the_row_checks_name_every_sample_field_in_order():
-    from ccscope import sample
+def test_named_fields_are_checked_and_kept():
+    reply = {"now": 5.0, "flows": [], "fields": list(sample.ROW_FIELDS)}
+    assert protocol.parse_telemetry(reply, 7.0).fields == sample.ROW_FIELDS
+    assert protocol.parse_telemetry({"now": 5.0, "flows": []}, 7.0).fields is None  # a serve before they were named
+    for fields in ("t,cc", ["t", "t"], ["t", "a b"], ["t", 1], ["x"] * 2 + [f"f{i}" for i in range(300)]):
+        with pytest.raises(protocol.ServeError, match=r"^telemetry whose fields are"):
+            protocol.parse_telemetry({**reply, "fields": fields}, 0.0)
 
+
+def test_rows_are_read_by_the_names_the_far_end_gave():
+    named = dict(zip(sample.ROW_FIELDS, ROW, strict=True))
+    # a newer far end: a field this ccscope does not know, and another order
+    newer = ["brand_new_quantity", *reversed(sample.ROW_FIELDS)]
+    order = sample.row_order(newer)
+    s = Sample.from_row([7, *(named[name] for name in reversed(sample.ROW_FIELDS))], 2.5, order)
+    assert s == Sample.from_row(ROW, 2.5)
+    with pytest.raises(ValueError, match=f"fields, not {len(newer)}"):
+        Sample.from_row(ROW, 0.0, order)
+    # an older far end, without a field this ccscope keeps: one line that names it
+    with pytest.raises(ValueError, match=r"^the far end sends no cwnd_segments \(its ccscope is older"):
+        sample.row_order([name for name in sample.ROW_FIELDS if name != "cwnd_segments"])
+
+
+def test_the_row_checks_name_every_sample_field_in_order():
     assert tuple(name for name, _ in sample._ROW_CHECKS) == tuple(Sample.__dataclass_fields__)
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from ccscope.emulation.testbed import terminate
 from ccscope.errors import PrerequisiteError, UsageError
 from ccscope.hosttools import need
-from ccscope.sample import Sample
+from ccscope.sample import Sample, row_order
 from ccscope.serve import protocol
 
 from .document import PING_STREAMS
@@ -498,10 +498,11 @@ def remote_series(flow: BulkFlow, telemetry: protocol.RemoteTelemetry | None) ->
     if not flows:
         return None
     f = max(flows, key=lambda f: len(f.rows))
+    order = row_order(telemetry.fields) if telemetry.fields is not None else None
     samples = []
     for i, row in enumerate(f.rows):
         try:
-            samples.append(Sample.from_row(row, offset))
+            samples.append(Sample.from_row(row, offset, order))
         except ValueError as exc:
             raise ValueError(f"the far end's sample {i} of the flow: {exc}") from None
     samples.sort(key=lambda s: s.t)

@@ -10,7 +10,8 @@ One TCP connection per test on the control port (the first of serve's port range
                       (an `iperf3 -s -1` listens there now, and admits only U with P)
                       ... the client runs iperf3 -c HOST -p 5203 -C bbr [-R] --username U ...
     client -> serve   {"op": "done"}
-    serve -> client   {"ok": true, "now": T, "flows": [{"src", "sport", "dst", "dport", "cc", "samples": [[...]]}]}
+    serve -> client   {"ok": true, "now": T, "fields": ["t", "cwnd_segments", ...],
+                       "flows": [{"src", "sport", "dst", "dport", "cc", "samples": [[...]]}]}
 
 `proof` is HMAC-SHA256 of the greeting's nonce under serve's token (auth "token"); a serve started --open
 says auth "open" and needs none. {"op": "check", "proof": ...} asks only whether the proof holds (the
@@ -241,6 +242,10 @@ class RemoteTelemetry:
     now: float  # serve's CLOCK_MONOTONIC when it answered
     received_mono: float  # ours when the answer arrived
     flows: list[RemoteFlow]
+    fields: tuple[str, ...] | None = None  # the rows' field names; None from a serve that did not name them
+
+
+MAX_ROW_FIELDS = 256
 
 
 MAX_REMOTE_FLOWS = 4096
@@ -267,7 +272,19 @@ def parse_telemetry(reply: dict, received_mono: float) -> RemoteTelemetry:
         if not isinstance(rows, list):
             raise ServeError(f"telemetry flow {i}: samples {_short(rows)} are not a list")
         out.append(RemoteFlow(src, sport, dst, dport, rows))
-    return RemoteTelemetry(float(now), received_mono, out)
+    return RemoteTelemetry(float(now), received_mono, out, _row_fields(reply.get("fields")))
+
+
+def _row_fields(fields: object) -> tuple[str, ...] | None:
+    """The rows' field names (a serve since 2026-11-28 names them, so that a quantity added on either side
+    does not break the other), checked: distinct words, at most MAX_ROW_FIELDS."""
+    if fields is None:
+        return None
+    if not (isinstance(fields, list) and len(fields) <= MAX_ROW_FIELDS
+            and all(isinstance(f, str) and _WORD.fullmatch(f) for f in fields) and len(set(fields)) == len(fields)):
+        raise ServeError(f"telemetry whose fields are {_short(fields)}: expected at most {MAX_ROW_FIELDS} "
+                         "distinct words")
+    return tuple(fields)
 
 
 def _is_port(value: object) -> bool:

@@ -48,11 +48,11 @@ class Telemetry:
     def __init__(self, sample_interval_s: float) -> None:
         from ccscope.flows import decode
         from ccscope.loader import ProbeOptions, preflight
-        from ccscope.sample import Sample
+        from ccscope.sample import ROW_FIELDS, Sample
         from ccscope.telemetry.session import Session
 
         preflight()
-        self._decode, self._sample = decode, Sample
+        self._decode, self._sample, self._fields = decode, Sample, list(ROW_FIELDS)
         self._netns = os.stat("/proc/self/ns/net").st_ino
         self._lock = threading.Lock()
         self._watched: dict[int, _Watch] = {}  # local port -> the test's flows
@@ -96,7 +96,7 @@ class Telemetry:
         flows = [orjson.dumps({"src": f.src, "sport": f.sport, "dst": f.dst, "dport": f.dport, "cc": f.cc})[:-1]
                  + b',"samples":[' + b",".join(f.rows) + b"]}" for f in watch.flows.values()]
         head = orjson.dumps({"ok": True, "now": time.clock_gettime(time.CLOCK_MONOTONIC),
-                             "samples_left_out": watch.left_out})[:-1]
+                             "samples_left_out": watch.left_out, "fields": self._fields})[:-1]
         return head + b',"flows":[' + b",".join(flows) + b"]}\n"
 
     def forget(self, port: int) -> None:
