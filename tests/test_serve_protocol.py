@@ -109,7 +109,7 @@ def test_rows_are_read_by_the_names_the_far_end_gave():
     with pytest.raises(ValueError, match=f"fields, not {len(newer)}"):
         Sample.from_row(ROW, 0.0, order)
     # an older far end, without a field this ccscope keeps: one line that names it
-    with pytest.raises(ValueError, match=r"^the far end sends no cwnd_segments \(its ccscope is older"):
+    with pytest.raises(ValueError, match=r"^the far end sends no cwnd_segments \(its ccscope is another version"):
         sample.row_order([name for name in sample.ROW_FIELDS if name != "cwnd_segments"])
 
 

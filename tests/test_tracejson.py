@@ -12,7 +12,7 @@ import pytest
 from ccscope import bpf_types as bt
 from ccscope import tracejson
 from ccscope.attribution import Attribution
-from ccscope.flows import RECORD_FIELDS, FlowRecord, decode
+from ccscope.flows import RECORD_FIELDS, FlowRecord, compile_record, decode
 from ccscope.tracejson import REENCODE_S, TraceEncoder
 from records import raw_flow
 
@@ -90,3 +90,8 @@ def test_the_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
         line = json.loads(encoder.line(tuple_of(raw_flow(cookie=cookie))))
         assert line["cookie"] == cookie
         assert len(encoder._first_bytes) <= 100
+
+
+def test_compiled_code_refuses_a_name_that_clashes_with_a_kernel_field() -> None:
+    with pytest.raises(ValueError, match=r"srtt_us'\] clash"):
+        compile_record(RECORD_FIELDS, "clashing", arguments=("srtt_us",))

@@ -196,7 +196,7 @@ RECORD_FIELDS: tuple[RecordField, ...] = (
 def compile_record(fields: Sequence[RecordField], function: str, *, extra: Sequence[tuple[str, str]] = (),
                    arguments: Sequence[str] = (), result: str = "{entries}",
                    names: Mapping[str, object] | None = None) -> Callable[..., Any]:
-    """A function of one struct flow (bt.FlowTuple, or any tuple in its order) returning {field.name: value}: one
+    """A function of one struct flow (bt.FlowTuple, or a plain tuple of its fields) returning {field.name: value}: one
     tuple unpack into locals and one dict display, the fastest shape in CPython (~40 namedtuple attribute reads cost
     more than all the conversions). Compiled from the table as namedtuple and dataclasses compile theirs.
 
@@ -209,6 +209,9 @@ def compile_record(fields: Sequence[RecordField], function: str, *, extra: Seque
     entries = [f"{f.name!r}: r_{f.name}" for f in fields] + [f"{name!r}: {expression}" for name, expression in extra]
     lines.append("    return " + result.format(entries="{" + ", ".join(entries) + "}"))
     namespace = {**RECORD_NAMESPACE, **(names or {})}
+    clash = set(bt.FlowTuple._fields) & {"flow", *arguments, *namespace, *(f"r_{f.name}" for f in fields)}
+    if clash:  # a struct flow field would shadow (or be shadowed by) a name the expressions read
+        raise ValueError(f"{function}: struct flow's fields {sorted(clash)} clash with the compiled code's names")
     exec(compile("\n".join(lines) + "\n", f"<ccscope.flows {function}>", "exec"), namespace)
     return namespace[function]
 

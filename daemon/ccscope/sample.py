@@ -63,11 +63,12 @@ class RowOrder:
 
 
 def row_order(fields: Sequence[str]) -> RowOrder:
-    """The far end's field names -> RowOrder; ValueError naming the first field of ours it does not send (its
-    ccscope is older than this one)."""
+    """The far end's field names -> RowOrder; ValueError naming the first field of ours it does not send (an
+    older ccscope, or one that dropped or renamed it)."""
     missing = [name for name in ROW_FIELDS if name not in fields]
     if missing:
-        raise ValueError(f"the far end sends no {missing[0]} (its ccscope is older than this one: upgrade it)")
+        raise ValueError(f"the far end sends no {missing[0]} (its ccscope is another version: run one version at "
+                         "both ends)")
     indexes = [list(fields).index(name) for name in ROW_FIELDS]
     get = operator.itemgetter(*indexes)
     return RowOrder(len(fields), lambda row: list(get(row)))

@@ -24,7 +24,7 @@ from . import bpf_types as bt
 from .attribution import UNATTRIBUTED, Attributor
 from .flows import RECORD_FIELDS, compile_record, flow_name, queueing_delay_s, record_fields
 
-MAX_FLOWS = 65536  # flows whose first bytes are kept; past it they are encoded again from their next sample
+MAX_FLOWS = 16384  # flows whose first bytes are kept (~1 KB each); past it all are encoded again when next seen
 REENCODE_S = 1.0  # how old a flow's first bytes may get: the attribution of a cgroup can change (a pod's name)
 
 _PER_FLOW = tuple(f for f in RECORD_FIELDS if f.per_flow)
