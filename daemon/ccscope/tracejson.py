@@ -67,8 +67,9 @@ class TraceEncoder:
         return _SAMPLE_LINE(flow, first, self._offset_ns)
 
     def refresh(self) -> None:
-        """Once a poll: past REENCODE_S, every flow's first bytes are encoded again from its next sample."""
-        if self._clock() - self._encoded_at >= REENCODE_S:
+        """Once a poll: past REENCODE_S, every flow's first bytes are encoded again from its next sample (only
+        the attribution can go stale: the key holds every kernel field the rest is made of)."""
+        if self._attributor is not None and self._clock() - self._encoded_at >= REENCODE_S:
             self._first_bytes.clear()
             self._encoded_at = self._clock()
 
