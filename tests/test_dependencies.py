@@ -70,8 +70,8 @@ LAYERS = (
     {"ccscope", "errors", "units", "safe_input", "hosttools", "libbpf", "bpf_types", "exposition", "flowscan",
      "linewriter", "otlp_http"},
     {"host"},
-    {"telemetry", "cc", "attribution", "flows", "sample", "loader", "ccstate", "exporter", "metrics_endpoint", "web",
-     "live", "otlp"},
+    {"telemetry", "cc", "attribution", "flows", "tracejson", "sample", "loader", "ccstate", "exporter",
+     "metrics_endpoint", "web", "live", "otlp"},
     {"emulation"},
     {"scenario", "serve", "results"},  # serve: the far end of a real-path scenario; results: its tables
     {"cli", "check"},
