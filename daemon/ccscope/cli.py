@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import gc
 import json
@@ -305,9 +306,7 @@ def format_flows(flows: list[FlowRecord], attributor: Attributor | None = None,
 
 def _attributed(data: dict, attributor: Attributor | None) -> dict:
     """A flow's as_dict() keys plus the cgroup path, container and pod (empty where unknown)."""
-    found = attributor(data["cgroup_id"]) if attributor else UNATTRIBUTED
-    data.update(cgroup=found.cgroup, container=found.container, pod=found.pod, namespace=found.namespace,
-                pod_uid=found.pod_uid)
+    data.update(dataclasses.asdict(attributor(data["cgroup_id"]) if attributor else UNATTRIBUTED))
     return data
 
 

@@ -14,6 +14,7 @@ record_fields() + as_dict()'s keys + orjson. With cli.TRACE_POLL_MS, bench/telem
 from __future__ import annotations
 
 import ast
+import dataclasses
 import operator
 import time
 from collections.abc import Callable
@@ -77,9 +78,7 @@ class TraceEncoder:
         fields = record_fields(flow)
         data = {f.name: fields[f.name] for f in _PER_FLOW}
         data["flow"] = flow_name(fields["src"], fields["sport"], fields["dst"], fields["dport"])
-        found = self._attributor(fields["cgroup_id"]) if self._attributor else UNATTRIBUTED
-        data.update(cgroup=found.cgroup, container=found.container, pod=found.pod, namespace=found.namespace,
-                    pod_uid=found.pod_uid)
+        data.update(dataclasses.asdict(self._attributor(fields["cgroup_id"]) if self._attributor else UNATTRIBUTED))
         if len(self._first_bytes) >= MAX_FLOWS:
             self._first_bytes.clear()
         first = self._first_bytes[key] = orjson.dumps(data)[:-1] + b","
