@@ -10,7 +10,11 @@ What TCG and the low rate do to the comparison: at 2 Mbit/s a packet takes 6 ms 
 5 ms target, so both CoDels hold about one packet whatever they are told; what they are compared on is mostly
 when they drop, not how low they hold the queue. Under TCG the delay line, a userspace process in an emulated
 CPU, is the slower of the two: it delivered 96-98 % of the link against the kernel's 99.7 % (measured over two
-lab runs of this scenario, 2026-11-27), and the ping in fq_codel's own queue waited 0.5-1.5 ms longer."""
+lab runs of this scenario, 2026-11-27), and the ping in fq_codel's own queue waited 0.5-1.5 ms longer. It is also
+the more sensitive to the host: when the guest gets less CPU, its releases come late (it counts those over 2 ms
+late, late_releases), and the delays and rates it gives are partly the machine's. The bounds that do not compare
+the two implementations are taken from boots of both kinds (FULL_LINK, FLOOR_PACKETS, the fq_codel signature),
+and their messages carry each run's late share."""
 
 from __future__ import annotations
 
@@ -86,6 +90,26 @@ def _runs(doc: dict, aqm: str, implementation: str) -> list[dict]:
     return [r for r in doc["runs"] if r["profile"] == f"{aqm}-{implementation}"]
 
 
+# The share of the TCP maximum each run must deliver. The kernel's runs gave 97.2-99.7 % over three boots. The
+# delay line's gave 91.8-98.7 % in two boots, and down to 89.4 % in a CI boot (2026-11-28) whose delay lines
+# released 6-20 % of their packets over 2 ms late, against 1-3.5 % in a quiet boot: the guest's CPU, which the
+# delay line shares with the flows, was slower that time (its boot took 345 s, against 320-324 s).
+FULL_LINK = {"kernel": 0.9, "ccscope": 0.85}
+# The frames a ping waits behind at best: in fq_codel's own queue only the one on the wire; in a single queue
+# also the one the AQM keeps (CoDel does not drop while at most a frame is queued, PIE while under two). The
+# kernel's single queues sit under tbf, which takes the next frame early, so their floors came 0.6-1.7 ms over
+# the path; the delay line's codel floors came 1.4-4.5 ms over it in three boots, and 8.3 ms in a boot with a
+# sampling loop of ours in the guest (its delay line released 14.5 % of its packets over 2 ms late).
+FLOOR_PACKETS = {"codel": 2, "fq_codel": 1, "pie": 2}
+
+
+def _late_share(run: dict) -> float | None:
+    """The share of its packets the run's delay line released over 2 ms late (the machine's delay, not the
+    emulated one's); None for the kernel's qdisc."""
+    up = run["link"]["up"]
+    return round(up["late_releases"] / up["packets"], 3) if "late_releases" in up and up["packets"] else None
+
+
 def test_each_aqm_ran_where_it_was_asked_to(runs) -> None:
     """results.json says which implementation ran each profile, and the kernel's qdisc counted what it did."""
     assert runs["environment"]["kernel"].startswith("7.2.")
@@ -95,10 +119,13 @@ def test_each_aqm_ran_where_it_was_asked_to(runs) -> None:
             cell = _runs(runs, aqm, implementation)
             assert len(cell) == 2 and all(r["backend"] == "netem" and not r["errors"] for r in cell), cell
             assert all(r["flows"][0]["algorithm_ok"] for r in cell)
-            # the path, in place of the skipped checks: the ping's floor is the 40 ms path plus at most the
-            # packet on the wire, and the link is full (measured 96-100 % of the TCP maximum)
-            assert all(BASE_RTT_MS <= r["ping"]["rtt_ms"]["min"] <= BASE_RTT_MS + PACKET_MS for r in cell), cell
-            assert all(r["flows"][0]["goodput_bps"] >= 0.9 * TCP_MAX_BPS for r in cell), cell
+            # the path, in place of the skipped checks: the ping's floor is the 40 ms path plus what its best
+            # moment waits behind (FLOOR_PACKETS), and the link is full (FULL_LINK)
+            floor = BASE_RTT_MS + FLOOR_PACKETS[aqm] * PACKET_MS
+            assert all(BASE_RTT_MS <= r["ping"]["rtt_ms"]["min"] <= floor for r in cell), \
+                [(r["ping"]["rtt_ms"]["min"], _late_share(r)) for r in cell]
+            assert all(r["flows"][0]["goodput_bps"] >= FULL_LINK[implementation] * TCP_MAX_BPS for r in cell), \
+                [(r["flows"][0]["goodput_bps"], _late_share(r)) for r in cell]
             # CoDel and PIE drop (no ECN asked), fq_codel marks (Accurate ECN at both ends)
             counted = "aqm_marks" if aqm == "fq_codel" else "aqm_drops"
             assert all(r["link"]["up"][counted] > 0 for r in cell), [r["link"]["up"] for r in cell]
@@ -169,12 +196,20 @@ def test_drops_and_marks_are_of_one_size(runs, aqm: str) -> None:
 
 
 def test_fq_codel_serves_the_ping_at_once_in_both(runs) -> None:
-    """fq_codel's signature, apart from the spread: the ping, in a flow queue of its own, waits at most the
-    packet on the wire, where in codel's single queue it waits behind the flow's standing queue."""
+    """fq_codel's signature, apart from the spread: the ping, in a flow queue of its own, waits only for the
+    packet on the wire, where in codel's single queue it also waits behind the flow's standing queue, which is at
+    least a full frame (CoDel does not drop while at most one is queued). So each codel run's median wait is over
+    a packet time above each fq_codel run's.
+
+    A difference and not a bound on fq_codel alone, because the machine's lateness adds to both: in a CI boot whose
+    delay lines released 6-20 % of their packets over 2 ms late (1-3.5 % in a quiet boot), ccscope's fq_codel
+    ping waited 7.8 ms, over the 6.1 ms packet time. Measured gaps (the lowest codel median less the highest
+    fq_codel one, three boots): kernel 8.3, 10.3, 10.6 ms; ccscope 10.8, 10.2, 9.8."""
     for implementation in ("kernel", "ccscope"):
         fq = [METRICS["ping queueing median ms"](r) for r in _runs(runs, "fq_codel", implementation)]
         single = [METRICS["ping queueing median ms"](r) for r in _runs(runs, "codel", implementation)]
-        assert max(fq) < PACKET_MS < min(single), (implementation, fq, single)
+        late = [_late_share(r) for r in _runs(runs, "fq_codel", implementation)]
+        assert min(single) - max(fq) > PACKET_MS, (implementation, fq, single, late)
 
 
 # Retransmits no AQM drop explains and the receiver did not report as spurious (DSACK): a CI run's fq_codel flow
