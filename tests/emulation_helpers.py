@@ -163,10 +163,11 @@ def left_by(pid: int) -> list[str]:
             + sorted(ns for ns in names if ns.startswith(f"ccs-probe-{pid}-")))
 
 
-def iperf3(tb: Testbed, *args: str, seconds: float = 3, omit: float = 1, port_offset: int = 0) -> dict:
+def iperf3(tb: Testbed, *args: str, seconds: float = 3, omit: float = 1, port_offset: int = 0,
+           port: int | None = None) -> dict:
     """One iperf3 run sender -> receiver (TCP unless `args` say -u); returns the -J document. Runs side by side
-    take different `port_offset`s."""
-    port = str(5201 + os.getpid() % 1000 + port_offset)
+    take different `port_offset`s; `port` fixes the server's port instead."""
+    port = str(port if port is not None else 5201 + os.getpid() % 1000 + port_offset)
     server = tb.popen(tb.receiver_ns, ["iperf3", "-s", "-1", "-p", port], stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
