@@ -316,10 +316,13 @@ def test_a_bad_ecn_is_one_line(data, line) -> None:
 
 
 # Measured in 4 runs each (8 s of cubic at 20 Mbit/s, 20 ms): PIE's median sojourn 15.0 ms every time (the
-# histogram's bucket around its 15 ms target; p95 30-36 ms); DualPI2's L queue p99 1.12 ms every time (its 1 ms
-# step) and its C queue's median 12.6 ms (target 15). The bounds allow two buckets (19 % each) either side.
+# histogram's bucket around its 15 ms target; p95 30-36 ms); DualPI2's L queue p95 0.94 ms in 11 runs (p99 1.12,
+# its 1 ms step) and its C queue's median 12.6 ms (target 15). The bounds allow two buckets (19 % each) either
+# side. The L queue is judged at p95, not p99: the UDP sender sends what a stall of it kept back as one burst, and
+# 1 % of the 8 s is 80 ms. Stopping it for 100 ms (SIGSTOP) gave p99 8.9 ms and p95 0.94; for 200 ms, 30 ms and
+# 1.12. A CI run met such a stall (p99 2.23 ms, and 1.3 % fewer packets through the link).
 PIE_MEDIAN_MS = (10.0, 22.0)
-DUALPI2_L_P99_MS = 2.0
+DUALPI2_L_P95_MS = 1.4
 DUALPI2_C_MEDIAN_MS = (8.0, 20.0)
 
 
@@ -378,7 +381,7 @@ def test_fq_pie_serves_a_ping_at_once_and_holds_the_flow_near_its_target() -> No
 def test_dualpi2_keeps_the_l_queue_short_beside_a_classic_flow() -> None:
     """DualPI2 (RFC 9332 defaults) on 20 Mbit/s, 20 ms RTT: an ECT(1) UDP stream of 4 Mbit/s (iperf3 --tos 1)
     goes to the L queue, one cubic flow with classic ECN (ECT(0)) to the C queue. The L queue is served first
-    and marked past 1 ms, so its packets wait 1.1 ms at p99, while the C queue's sit near the 15 ms target
+    and marked past 1 ms, so its packets wait 0.94 ms at p95, while the C queue's sit near the 15 ms target
     (median 12.6 ms); cubic is marked at p^2, never dropped (0 retransmits); the receiver counts as many CE
     packets arriving as the delay line marked (204 to 276, 96 to 123 of them the step's; iptables' ecn
     match)."""
@@ -394,7 +397,7 @@ def test_dualpi2_keeps_the_l_queue_short_beside_a_classic_flow() -> None:
     sent = flow["end"]["sum_sent"]
     assert 0 < up["aqm_step_marks"] < up["aqm_marks"] == ce_arrived, (ce_arrived, up)
     assert up["aqm_drops"] == up["queue_drops"] == 0 and sent["retransmits"] <= 2, (sent["retransmits"], up)
-    assert up["sojourn_l"]["p99_ms"] <= DUALPI2_L_P99_MS, up
+    assert up["sojourn_l"]["p95_ms"] <= DUALPI2_L_P95_MS, up
     assert DUALPI2_C_MEDIAN_MS[0] <= up["sojourn_c"]["median_ms"] <= DUALPI2_C_MEDIAN_MS[1], up
     assert udp["end"]["sum"]["lost_percent"] < 1, udp["end"]["sum"]
     assert sent["bits_per_second"] + 4e6 > 0.9 * 20e6 * 1448 / 1514, sent

@@ -400,9 +400,14 @@ def test_scenario_page_shows_each_algorithms_state(watched_quick_scenario) -> No
     behind cwnd and a dashed line on it. Every value the page showed is one the run's state CSV recorded (it has
     each change, exactly, from the kernel's change ring), and the algorithms without such state show none."""
     watched = watched_quick_scenario
-    columns, out = watched.page["state_columns"], watched.out
-    assert columns, watched.page
+    out = watched.out
     doc = json.loads((out / "results.json").read_text())
+    # The page charts every flow of the run, iperf3's control connections too, which the results leave out. One
+    # that lost a segment to the wireless path's 1 % loss kept W_max 10, its initial window, which no data flow
+    # held (a CI run, 2026-11-28): the comparison is between the data flows' columns and their CSVs.
+    data_ports = {flow["sport"] for one_run in doc["runs"] for flow in one_run["flows"]}
+    columns = [c for c in watched.page["state_columns"] if c["sport"] in data_ports]
+    assert columns, watched.page
     recorded: dict[str, set] = {"bbr": set(), "cubic": set()}
     for one_run in doc["runs"]:
         for flow in one_run["flows"]:
@@ -418,7 +423,7 @@ def test_scenario_page_shows_each_algorithms_state(watched_quick_scenario) -> No
     assert shown_wmax and shown_wmax <= recorded["cubic"], (shown_wmax, recorded["cubic"])
     # (W_max is not held to the cwnd the page saw: the points, 20 a second, missed the peak before a loss, 130
     # segments where the page's highest was 111)
-    for c in columns:
+    for c in watched.page["state_columns"]:  # the control connections included
         if c["cc"] != "bbr":
             assert all(m is None for m in c["mode"]), c["cc"]
         if c["cc"] != "cubic":
