@@ -180,9 +180,13 @@ def test_a_lost_last_message_is_a_tail_loss_probe(link: Link) -> None:
     """A 7-segment message each 50 ms, 10 % of segments lost. A lost tail has nothing after it to be SACKed, so
     the loss probe retransmits it (2 RTT and 2 jiffies after it was sent, where the RTO waits 200 ms; for one
     segment alone in flight the probe would wait the 200 ms too, and the next message's SACK came first); a loss
-    before the tail is SACKed and fast-retransmitted. A lost SYN (one run in ten) is the sender's one RTO."""
+    before the tail is SACKed and fast-retransmitted. A lost SYN (one run in ten) is the sender's one RTO.
+
+    10 s, because the probes come by chance: 15 runs of 4 s retransmitted 2 to 8 by TLP (mean 4.3), so about one
+    run in 75 had none (e^-4.3, as for a Poisson count), as a CI run once did (RTO 4, FAST 63, TLP 0). Six runs of
+    10 s gave 7 to 13 (mean 9.7): none then once in about 16,000 runs."""
     link.drop_randomly(PORT, 0.1)
-    sender, _ = _run(link, "messages", 4)
+    sender, _ = _run(link, "messages", 10)
     _assert_sum(sender)
     # TCPLossProbes counts probes, also those that sent new data instead (3 retransmits of 4 probes, once)
     assert 1 <= sender.causes[RetransCause.TLP] <= sender.moved["TcpExt.TCPLossProbes"], sender
