@@ -163,6 +163,16 @@ QUANTITIES: tuple[Quantity, ...] = (
              Column("event"), int_below(256)),
     Quantity("mss_bytes", "gauge", "Current sending MSS.", "ccscope_flow_mss_bytes",
              Otlp("system.network.tcp.mss", "By", "Current sending MSS."), None, int_below(1 << 16)),
+    Quantity("delivered_packets", "counter", "Packets delivered to the peer (tcpi_delivered).",
+             "ccscope_flow_delivered_packets",
+             Otlp("system.network.tcp.delivered", "{packet}", "Packets delivered to the peer."),
+             Column("delivered_packets"), int_below(1 << 32)),
+    Quantity("delivered_ce_packets", "counter", "Packets delivered with a CE mark as the peer fed it back "
+             "(tcpi_delivered_ce; with classic ECN, every packet an ECE-flagged ACK covers).",
+             "ccscope_flow_delivered_ce_packets",
+             Otlp("ccscope.tcp.flow.delivered_ce", "{packet}",
+                  "Packets delivered with a CE mark, as the peer fed it back."),
+             Column("delivered_ce_packets"), int_below(1 << 32)),
     # not in a sample
     Quantity("rttvar_s", "gauge", "Round-trip time variation (mdev, as in TCP_INFO).", "ccscope_flow_rttvar_seconds",
              Otlp("system.network.tcp.rtt.variation", "s", "Round-trip time variation (mdev).")),
@@ -182,14 +192,6 @@ QUANTITIES: tuple[Quantity, ...] = (
                   "Retransmitted segments the peer already had (DSACK, tcpi_dsack_dups).")),
     Quantity("lost_packets", "counter", "Packets marked lost, retransmissions included.", "ccscope_flow_lost_packets",
              Otlp("system.network.tcp.lost", "{packet}", "Packets marked lost, retransmissions included.")),
-    Quantity("delivered_packets", "counter", "Packets delivered to the peer (tcpi_delivered).",
-             "ccscope_flow_delivered_packets",
-             Otlp("system.network.tcp.delivered", "{packet}", "Packets delivered to the peer.")),
-    Quantity("delivered_ce_packets", "counter", "Packets delivered with a CE mark as the peer fed it back "
-             "(tcpi_delivered_ce; with classic ECN, every packet an ECE-flagged ACK covers).",
-             "ccscope_flow_delivered_ce_packets",
-             Otlp("ccscope.tcp.flow.delivered_ce", "{packet}",
-                  "Packets delivered with a CE mark, as the peer fed it back.")),
     Quantity("ecn", "gauge", "ECN the handshake negotiated: 0 off, 1 classic (RFC 3168), 2 AccECN; absent while "
              "pending.", "ccscope_flow_ecn",
              Otlp("ccscope.tcp.flow.ecn", "1", "ECN negotiated: 0 off, 1 classic (RFC 3168), 2 AccECN."),
