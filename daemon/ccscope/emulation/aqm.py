@@ -50,8 +50,9 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "fifo": {},
 }
 # DualPI2's classifier (sch_dualpi2.c's TCA_DUALPI2_ECN_MASK): the L queue takes packets whose ECN field
-# shares a bit with the mask. any_ect lets a scalable sender that can only send ECT(0) (bpf prague on
-# kernels before ECT(1) for TCP) reach the L queue; it also takes classic ECN flows there, so it is for labs.
+# shares a bit with the mask. any_ect lets a scalable sender that can only send ECT(0) (the kernel's dctcp;
+# ccscope's prague gets ECT(1) from Testbed.send_ect1) reach the L queue; it also takes classic ECN flows
+# there, so it is for labs.
 ECN_MASKS = {"l4s_ect": 1, "cla_ect": 2, "any_ect": 3}
 # The hard limit without `queue`, as the kernel's: sch_codel and sch_pie 1000 packets, sch_fq_codel and
 # sch_fq_pie 10240, sch_dualpi2 10000 (both queues).

@@ -205,7 +205,7 @@ static uint64_t flow_backlog(int i)
 
 static struct {
 	uint64_t packets, bytes, accepted, random_drops, queue_drops, enobufs, max_held, seq, stamped;
-	uint64_t late_releases, max_late_ns, aqm_drops, aqm_marks, aqm_step_marks;
+	uint64_t late_releases, max_late_ns, late_ns, aqm_drops, aqm_marks, aqm_step_marks;
 	uint64_t sojourn[SOJOURN_BUCKETS];   // of every packet the bottleneck sent (rate mode)
 	uint64_t sojourn_l[SOJOURN_BUCKETS]; // of those that went through dualpi2's L queue
 } st;
@@ -318,11 +318,11 @@ static void write_stats(void)
 		"seq %" PRIu64 "\npackets %" PRIu64 "\nbytes %" PRIu64 "\naccepted %" PRIu64
 		"\nrandom_drops %" PRIu64 "\nqueue_drops %" PRIu64 "\nkernel_queue_dropped %" PRIu64
 		"\nkernel_user_dropped %" PRIu64 "\nenobufs %" PRIu64 "\nmax_held %" PRIu64 "\nheld %" PRIu64
-		"\nkernel_stamped %" PRIu64 "\nlate_releases %" PRIu64 "\nmax_late_us %" PRIu64
+		"\nkernel_stamped %" PRIu64 "\nlate_releases %" PRIu64 "\nmax_late_us %" PRIu64 "\nlate_us %" PRIu64
 		"\naqm_drops %" PRIu64 "\naqm_marks %" PRIu64 "\naqm_step_marks %" PRIu64 "\n",
 		st.seq, st.packets, st.bytes, st.accepted, st.random_drops, st.queue_drops, kqd, kud, st.enobufs,
 		st.max_held, held > waiting ? held : waiting, st.stamped, st.late_releases, st.max_late_ns / 1000,
-		st.aqm_drops, st.aqm_marks, st.aqm_step_marks);
+		st.late_ns / 1000, st.aqm_drops, st.aqm_marks, st.aqm_step_marks);
 	for (int i = 0; i < SOJOURN_BUCKETS; i++) {
 		if (st.sojourn[i])
 			fprintf(f, "sojourn_bucket_%d %" PRIu64 "\n", i, st.sojourn[i]);
@@ -346,6 +346,8 @@ static void count_release(int64_t due)
 		st.late_releases++;
 	if (late > 0 && (uint64_t)late > st.max_late_ns)
 		st.max_late_ns = (uint64_t)late;
+	if (late > 0)
+		st.late_ns += (uint64_t)late; // all of it, below LATE_NS too: what a packet's delay carries on average
 	st.accepted++;
 }
 
@@ -814,6 +816,10 @@ static int64_t run_due_rate(struct nfq_q_handle *qh, int64_t now)
 				accept_marked(qh, &on_wire, link_free);
 			else
 				accept_pkt(qh, &on_wire, link_free);
+			// sch_dualpi2 under tbf: tbf asks it for the next packet as the last one leaves, and finding
+			// both queues empty it gives L the first turn again (dequeue_packet). The link drained here.
+			if (aqm.kind == AQM_DUALPI2 && !queued_packets())
+				dualpi2_idle(&dualpi2);
 		} else if (td == t) {
 			enter_bottleneck(qh, ring_pop(&delayq));
 		} else {

@@ -32,16 +32,19 @@ def summaries(stats: dict[str, int]) -> dict[str, dict]:
 
 def summary(counts_by_bucket: dict[int, int]) -> dict | None:
     """{count, median_ms, p95_ms, p99_ms} of these buckets; None if no packet was counted."""
-    counts = sorted((i, n) for i, n in counts_by_bucket.items() if n)
-    total = sum(n for _, n in counts)
+    total = sum(counts_by_bucket.values())
     if not total:
         return None
-    return {"count": total, **{f"{name}_ms": _percentile(counts, total, q)
+    return {"count": total, **{f"{name}_ms": percentile_ms(counts_by_bucket, q)
                                for name, q in (("median", 0.50), ("p95", 0.95), ("p99", 0.99))}}
 
 
-def _percentile(counts: list[tuple[int, int]], total: int, q: float) -> float:
-    rank = math.ceil(q * total)
+def percentile_ms(counts_by_bucket: dict[int, int], q: float) -> float:
+    """The sojourn at quantile q (at most 1; at or below 0, the lowest bucket's) of these buckets, which hold at
+    least one packet."""
+    counts = sorted((i, n) for i, n in counts_by_bucket.items() if n)
+    total = sum(n for _, n in counts)
+    rank = max(1, math.ceil(q * total))
     seen = 0
     for index, n in counts:
         seen += n

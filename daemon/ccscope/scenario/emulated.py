@@ -128,13 +128,20 @@ def bulk_series(flow: BulkFlow, series: dict[int, FlowSeries]) -> FlowSeries | N
 STALL_WARNING_SHARE = 0.01
 
 
+def late_share(*directions: dict) -> float:
+    """The share of these link directions' packets their delay lines released over 2 ms late (late_releases): the
+    machine's delay, not the emulated path's; 0 where they carried none, or where a kernel qdisc ran the link."""
+    packets = sum(d.get("packets", 0) for d in directions)
+    return sum(d.get("late_releases", 0) for d in directions) / packets if packets else 0.0
+
+
 def machine_stalls(link: dict) -> str | None:
     """One line when the delay lines released more than STALL_WARNING_SHARE of the run's packets late: then the
     run's delays and rates are partly the machine's, not the emulated path's."""
+    if late_share(*link.values()) <= STALL_WARNING_SHARE:
+        return None
     late = sum(d.get("late_releases", 0) for d in link.values())
     packets = sum(d.get("packets", 0) for d in link.values())
-    if not packets or late <= STALL_WARNING_SHARE * packets:
-        return None
     worst = max(d.get("max_late_ms", 0.0) for d in link.values())
     return (f"the machine stalled the delay line: {late} of {packets} packets left over 2 ms late (up to "
             f"{worst:.0f} ms); this run's delays and rates are partly the machine's")
