@@ -15,6 +15,10 @@ from importlib import resources
 from pathlib import Path
 
 BPF_ALGORITHMS = ("reno", "vegas", "westwood", "copa", "prague")
+# Scalable congestion controls whose data must carry L4S's identifier, ECT(1) (RFC 9331 4.1). The kernel lets a
+# congestion control ask only for ECT(0) (TCP_CONG_NEEDS_ECN), so an emulated path rewrites it on the sender's
+# egress (Testbed.send_ect1).
+ECT1_SENDERS = ("prague",)
 FORCE_PREFIX = "bpf:"   # what the user writes
 BPF_PREFIX = "bpf_"     # the kernel name of a forced BPF registration
 TCP_CA_NAME_MAX = 15    # characters, without the NUL
@@ -32,6 +36,11 @@ def bpf_source(name: str) -> str | None:
     name = normalize(name)
     base = name[len(BPF_PREFIX):] if name.startswith(BPF_PREFIX) else name
     return base if base in BPF_ALGORITHMS else None
+
+
+def sends_ect1(name: str) -> bool:
+    """Whether algorithm `name` (prague, bpf:prague, bpf_prague) sends L4S's ECT(1)."""
+    return bpf_source(name) in ECT1_SENDERS
 
 
 def is_forced(name: str) -> bool:

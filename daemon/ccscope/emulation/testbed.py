@@ -10,6 +10,7 @@ coexist, and `cleanup_all()` finds them by the "ccs-" prefix.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import math
 import operator
@@ -315,6 +316,33 @@ class Testbed:
                 raise CcscopeError(f"{ns} uses {got} after setting {algorithm}")
         self.algorithm = algorithm
 
+    def send_ect1(self, port: int, *, source: bool = False) -> None:
+        """The sender's TCP packets to `port` (from it, with `source`) leave as ECT(1), L4S's identifier, where
+        its TCP sent ECT(0).
+
+        Mainline Linux gives a congestion control no way to send ECT(1) (docs/congestion-control.md), so a rule
+        on the sender namespace's egress rewrites the codepoint (iptables' TOS target on the ECN bits; it fixes
+        the IP checksum). Not-ECT and CE are left alone. A port is a connection's, not an algorithm's: iperf3's
+        control connection to the same port is rewritten too. A second rule, in the router, counts what
+        arrives there as ECT(1) (ect1_packets). The rules go with the namespaces."""
+        need("iptables")
+        match = ["-p", "tcp", "--sport" if source else "--dport", str(port)]
+        sh(ns_argv(self.sender_ns, ["iptables", "-w", "-t", "mangle", "-A", "POSTROUTING", *match, "-m", "ecn",
+                                    "--ecn-ip-ect", "2", "-j", "TOS", "--set-tos", "0x01/0x03"]))
+        sh(ns_argv(self.router_ns, ["iptables", "-w", "-t", "mangle", "-A", "PREROUTING", "-i", "veth-rs", *match,
+                                    "-m", "ecn", "--ecn-ip-ect", "1"]))
+
+    def ect1_packets(self, port: int) -> int:
+        """Packets to `port` that reached the router as ECT(1) (the kernel's counter of send_ect1's counting rule).
+
+        Counted there, not at the rewrite: the sender's egress sees TCP's packets before they are split into
+        segments (GSO, done in software past netfilter), so the rewrite's own counter read 1046 where 1628
+        segments left (one run)."""
+        out = sh(ns_argv(self.router_ns, ["iptables", "-w", "-t", "mangle", "-L", "PREROUTING", "-v", "-x",
+                                          "-n"])).stdout
+        rules = [line.split() for line in out.splitlines() if f"dpt:{port} " in line + " " and "ECT=1" in line]
+        return sum(int(rule[0]) for rule in rules)
+
     def netns_inode(self, ns: str) -> int:
         return os.stat(f"/run/netns/{ns}").st_ino
 
@@ -368,6 +396,7 @@ class Testbed:
                 rec["delay_overflows"] = s.get("kernel_queue_dropped", 0) + s.get("kernel_user_dropped", 0)
                 rec["late_releases"] = s.get("late_releases", 0)  # the machine's stalls (delayline.c LATE_NS)
                 rec["max_late_ms"] = s.get("max_late_us", 0) / 1e3  # not a counter: the path's whole life
+                rec["late_us"] = s.get("late_us", 0)  # every release's lateness, summed: / packets, the mean
             out[direction] = rec
         return out
 
@@ -401,6 +430,19 @@ class Testbed:
         plan = pathcheck.rate_plan(self.profile)
         bucket_s = plan.bucket_s if plan is not None else math.inf
         startup = startup_s if startup_s is not None else 3.0 + 6 * self.profile.base_rtt_s
+        best: pathcheck.Fit | None = None
+        for _ in range(BUSY_PROBES):
+            fit = self._udp_probe(offered_bps, seconds, frame_bytes, startup, bucket_s)
+            if best is None or fit.uncertainty < best.uncertainty:
+                best = fit
+            if best.uncertainty <= 2 * pathcheck.MAX_UNCERTAINTY:
+                return best
+        raise CcscopeError(f"the machine is too busy to time the rate probe (±{best.uncertainty:.0%}; "
+                           f"{best.left_out_s:.2f} s of {best.covered_s + best.left_out_s:.2f} left out as its stalls)")
+
+    def _udp_probe(self, offered_bps: float, seconds: float, frame_bytes: int, startup: float,
+                   bucket_s: float) -> pathcheck.Fit:
+        """One probe's fit, however uncertain; iperf3 started again where it never got the link busy."""
         samples, err = [], ""
         for _ in range(IPERF3_STARTS):
             samples, err = self._udp_samples(offered_bps, seconds, frame_bytes, startup, bucket_s)
@@ -410,8 +452,6 @@ class Testbed:
         if fit is None:
             raise CcscopeError(f"the UDP rate probe did not keep the link busy for {seconds:g} s"
                                + (f": iperf3: {err}" if err else ""))
-        if fit.uncertainty > 2 * pathcheck.MAX_UNCERTAINTY:
-            raise CcscopeError(f"the machine is too busy to time the rate probe (±{fit.uncertainty:.0%})")
         return fit
 
     def _udp_samples(self, offered_bps: float, seconds: float, frame_bytes: int, startup: float,
@@ -583,22 +623,26 @@ def _egress_samples(ipr: IPRoute, client: subprocess.Popen, startup_s: float, wi
     until it has held a backlog for window_s without a break (stalls of the machine left out, see
     pathcheck.saturated_rate) and the rate is timed precisely enough, or the time bounds run out. The
     byte counter is read every millisecond or so, the backlog (a netlink dump, slower) every
-    BACKLOG_EVERY_S."""
+    BACKLOG_EVERY_S, or DUMP_SHARE of the time where a dump is slow."""
     idx = _ifindex(ipr, "veth-rr")
     first: int | None = None
     started: float | None = None
     busy_since: float | None = None
     backlog: int | None = None
     backlog_at = fit_at = -math.inf
+    backlog_every = BACKLOG_EVERY_S
+    dump_costs: collections.deque[float] = collections.deque(maxlen=DUMP_COSTS_KEPT)
     steal = steal_s()
     samples: list[pathcheck.Sample] = []
     give_up = time.monotonic() + startup_s
     while client.poll() is None:
         now = time.monotonic()
         stolen = None
-        if now - backlog_at >= BACKLOG_EVERY_S:
+        if now - backlog_at >= backlog_every:
             shaper = backends.qdisc_stats_by_handle(ipr, idx).get(backends.SHAPER_HANDLE)
             backlog, backlog_at = None if shaper is None else shaper["backlog"], now
+            dump_costs.append(time.monotonic() - now)
+            backlog_every = max(BACKLOG_EVERY_S, statistics.median(dump_costs) / DUMP_SHARE)
             steal, previous_steal = steal_s(), steal
             stolen = max(map(operator.sub, steal, previous_steal), default=0.0)
         t0 = time.monotonic()
@@ -626,9 +670,25 @@ def _egress_samples(ipr: IPRoute, client: subprocess.Popen, startup_s: float, wi
 
 
 BACKLOG_EVERY_S = 0.02
+# In the stock-kernel lab (qemu TCG) the dump costs 30 ms idle (a counter read 1.4 ms), and 60-250 ms beside the
+# probe's iperf3: at one dump per reading, the readings came 50-250 ms apart, each edge of the fit was that
+# wide, and 6.1's path check read "too busy to time the rate probe" (±3-10 %) in every boot on a machine whose
+# guest ran slower (2026-11-28; its fitted rates 0.995-1.001 of 1 Mbit/s). So a dump takes at most this share of
+# the probe's time, its cost taken as the median of the last DUMP_COSTS_KEPT dumps. On the host a dump costs about
+# 1 ms, and the cadence stays BACKLOG_EVERY_S: a stall during one dump must not stretch it. Nor may the cheapest
+# dump set it: in the lab that is a dump before iperf3 got going, and 6.1's path check then read "too busy to time
+# the rate probe (±5 %)", or found no fit at all, in 3 of 3 boots (2026-11-29, one at 2.7 % steal; it had passed 4
+# of 4 with the last dump's cost). With the median, 2 of 2 boots passed, and the host's 42 path-check tests.
+DUMP_SHARE = 0.2
+DUMP_COSTS_KEPT = 9
 # iperf3 3.12 does not resend its UDP stream's hello, so over a lossy path (1 % each way) its start hangs:
 # 1 in 40 starts on wired-vs-wireless/wireless, and 3 of 37 checks failed with "did not keep the link busy".
 IPERF3_STARTS = 3
+# A probe the machine's stalls left too uncertain is tried again, up to BUSY_PROBES in all: the host's busy spells
+# come and go (a lab boot's 6.1 check read ±35 % on 2026-11-29, at 31-37 % steal on the host, where the same check
+# passed in the boots before). The first probe certain enough is kept; if none is, the error gives the least
+# uncertain one's. At 1 Mbit/s, 400 ms a probe takes about 8 s.
+BUSY_PROBES = 3
 # Stalls come about once a minute; the longest seen held one CPU 22 ms of every 23 for 0.8 s, and three
 # trains in a row (0.75 s) all had late releases once. Retrying for 3 s outlasts that.
 PING_RETRY_S = 3.0

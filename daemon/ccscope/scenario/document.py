@@ -68,6 +68,7 @@ class FlowResult(TypedDict):
     segments_sent: NotRequired[float | None]
     ecn: NotRequired[Literal["off", "ecn", "accecn", "pending"] | None]  # what the handshake negotiated
     delivered_ce_packets: NotRequired[int | None]
+    ect1_packets: NotRequired[int]  # an L4S sender's (prague) on an emulated path: its packets sent as ECT(1)
     ce_fraction: NotRequired[float | None]
     # real paths: whose series it is (realrun.py)
     view: NotRequired[Literal["sender", "receiver"] | None]
@@ -123,6 +124,7 @@ class LinkDirection(TypedDict):
     sojourn_c: NotRequired[Sojourn]  # and its C queue's
     late_releases: NotRequired[int]  # the delay line's: packets released over 2 ms after due (the machine's stall)
     max_late_ms: NotRequired[float]  # the longest such stall since the path was made
+    late_us: NotRequired[int]  # the delay line's releases' lateness summed, below 2 ms too: / packets, the mean
 
 
 class Link(TypedDict, total=False):

@@ -143,6 +143,8 @@ def _bulk_entry(record: RunRecord, session: Session, unit, t0: float, path: Open
     entry.update({"id": f"bulk{flow.index}", "kind": "bulk", "algorithm": flow.algorithm,
                   "start_offset_s": round(flow.start_offset_s, 3), "iperf3": flow.iperf,
                   "algorithm_iperf3": flow.iperf.get("sender_tcp_congestion"), **path.describe(views)})
+    if flow.ect1_packets is not None:
+        entry["ect1_packets"] = flow.ect1_packets
     if sender is not None:
         entry["csv"] = write_flow_csv(session.out, f"{name}.csv", sender, t0)
         if sender.states:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import ccscope
+from ccscope.cc import catalog
 from ccscope.emulation.profile import SHORT_FLOW_PORT
 from ccscope.emulation.testbed import terminate
 
@@ -43,6 +44,7 @@ class BulkFlow:
     port: int  # iperf3 server port
     start_offset_s: float
     local_port: int | None = None  # iperf3 data connection, as the sender sees it
+    ect1_packets: int | None = None  # an L4S sender's: its packets the sender's egress sent as ECT(1)
     start_mono: float | None = None
     iperf: dict = field(default_factory=dict)  # summary of iperf3 -J
     error: str | None = None
@@ -135,6 +137,11 @@ def run_traffic(tb, scenario: Scenario, mix: tuple[str, ...], progress: Callable
     """Servers up, then the timed phase (bulk flows at their offsets, ping, downloads), then parsing."""
     log_dir.mkdir(parents=True, exist_ok=True)
     result = TrafficResult(bulk=bulk_plan(scenario, mix))
+    l4s = [flow for flow in result.bulk if catalog.sends_ect1(flow.algorithm)]
+    for flow in l4s:
+        tb.send_ect1(flow.port)
+    if scenario.traffic.downloads is not None and catalog.sends_ect1(mix[0]):
+        tb.send_ect1(FETCH_PORT, source=True)  # the download server runs the mix's first algorithm
     servers = start_servers(tb, scenario, result.bulk, mix, log_dir)
     try:
         # ARP and the path are warm before anything is timed
@@ -145,6 +152,8 @@ def run_traffic(tb, scenario: Scenario, mix: tuple[str, ...], progress: Callable
             terminate(server.proc, grace_s=5.0)
     result.end_mono = time.clock_gettime(time.CLOCK_MONOTONIC)
     collect(result, clients, servers)
+    for flow in l4s:
+        flow.ect1_packets = tb.ect1_packets(flow.port)
     return result
 
 
