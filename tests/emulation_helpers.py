@@ -181,3 +181,13 @@ def iperf3(tb: Testbed, *args: str, seconds: float = 3, omit: float = 1, port_of
     data = json.loads(res.stdout)
     assert "error" not in data, data.get("error")
     return data
+
+
+def tcp_ext(tb: Testbed, ns: str, *names: str) -> dict[str, int]:
+    """The namespace's own TCP counters `names` (nstat -a: absolute, and a testbed's namespaces are new; -s: its
+    history file left alone). One the kernel does not count fails the test, saying which."""
+    out = tb.run(ns, ["nstat", "-asz", *names], timeout=5).stdout
+    found = {name: int(value) for name, value, *_ in (line.split() for line in out.splitlines()[1:])}
+    missing = [name for name in names if name not in found]
+    assert not missing, f"this kernel does not count {', '.join(missing)}"
+    return found

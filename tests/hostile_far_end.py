@@ -47,7 +47,7 @@ def read_line(conn: socket.socket) -> bytes:
 def rows(now: float, srtt: float | str, count: int = 100) -> list[list]:
     """A second of 10 ms samples that ended half a second before the answer: inside the run."""
     return [[now - 1.5 + k * 0.01, 10 + k % 7, srtt, 0, 1448 * k, 1448 * k, None, 0.001, 5, 1e6, "open", "cubic", 1,
-             1448] for k in range(count)]
+             1448, k, 0] for k in range(count)]
 
 
 class FarEnd:

@@ -20,8 +20,9 @@ from ccscope.emulation.profile import LinkProfile, PathProfile
 from ccscope.errors import PrerequisiteError, UsageError
 from ccscope.flows import decode
 from ccscope.loader import ProbeOptions, TelemetryProbe
+from ccscope.scenario.emulated import late_share
 from ccscope_testkit.prereqs import require_bpf_object, require_root, require_tools
-from emulation_helpers import iperf3
+from emulation_helpers import iperf3, tcp_ext
 
 
 @pytest.mark.parametrize(("raw", "expected"), [
@@ -173,7 +174,7 @@ def test_the_delay_line_refuses_codel_without_a_rate() -> None:
     assert ran.returncode == 2 and textwrap.dedent(ran.stderr).startswith("usage: ccscope-delayline")
 
 
-def test_codel_with_ecn_marks_instead_of_dropping() -> None:
+def test_codel_with_ecn_marks_instead_of_dropping(machine_share) -> None:
     """CoDel with ecn on, ECN (RFC 3168) at both ends: the delay line marks where it would drop, and the
     receiver's kernel counts the same number of CE packets arriving (an iptables ecn match in its namespace:
     after the IP header checksum check, so a bad rewrite would show as too few). The flow retransmits only
@@ -194,20 +195,20 @@ def test_codel_with_ecn_marks_instead_of_dropping() -> None:
         before = tb.link_stats()["up"]
         sent = iperf3(tb, "-C", "cubic", seconds=5, omit=0)["end"]["sum_sent"]
         tb.wait_drained()
+        duplicates = _duplicates_received(tb)
         up = {k: v - before.get(k, 0) for k, v in tb.link_stats()["up"].items() if isinstance(v, int)}
         rule = tb.run(tb.receiver_ns, ["iptables", "-L", "INPUT", "-v", "-x", "-n"], timeout=5).stdout
-        counters = tb.run(tb.sender_ns, ["nstat", "-asz", "TcpExtTCPDeliveredCE"], timeout=5).stdout.split()
+        delivered_ce = tcp_ext(tb, tb.sender_ns, "TcpExtTCPDeliveredCE")["TcpExtTCPDeliveredCE"]
         sender_netns = tb.netns_inode(tb.sender_ns)
         flows = [f for f in map(decode, probe.read_flows()) if f.netns == sender_netns]
     ce_arrived = int(next(line for line in rule.splitlines() if "ECN match" in line).split()[0])
     assert up["aqm_marks"] > 0 and up["aqm_drops"] == 0, up
     assert ce_arrived == up["aqm_marks"], (ce_arrived, up)
-    delivered_ce = int(counters[counters.index("TcpExtTCPDeliveredCE") + 1])
     assert sum(f.delivered_ce_packets for f in flows) == delivered_ce >= up["aqm_marks"], (flows, delivered_ce)
     bulk = max(flows, key=lambda f: f.bytes_acked)
     assert bulk.ecn == "ecn" and bulk.delivered_packets > bulk.delivered_ce_packets > 0, bulk
-    assert sent["retransmits"] <= up["queue_drops"] + 2, (sent["retransmits"], up)
-    assert sent["bits_per_second"] > 0.9 * 20e6 * 1448 / 1514
+    assert sent["retransmits"] - duplicates <= up["queue_drops"] + 2, (sent["retransmits"], duplicates, up)
+    assert sent["bits_per_second"] > 0.9 * 20e6 * 1448 / 1514 * machine_share(this_test=True)
     assert Path("/proc/sys/net/ipv4/tcp_ecn").read_text() == host_ecn
 
 
@@ -240,16 +241,16 @@ def _takes_accecn() -> bool:
         subprocess.run(["ip", "netns", "del", name], check=True)
 
 
-def test_fq_codel_serves_a_ping_beside_a_bulk_flow_at_once() -> None:
+def test_fq_codel_serves_a_ping_beside_a_bulk_flow_at_once(machine_share) -> None:
     """fq_codel hashes the ping into a flow queue of its own, which is new whenever a ping comes, so it goes
     before the bulk flow's queue: 20.3 ms median against the base 20 ms (CoDel alone on the same path: 22.95,
     the bulk flow's standing queue), while the bulk flow keeps 19.1 of the 19.1 Mbit/s the link carries of
     TCP. Every drop was the flow's (10 drops, 10 retransmits: the ping lost none)."""
     profile, sent, rtts, up = _ping_beside_a_bulk_flow("fq_codel", seconds=6)
     assert len(rtts) == 60
-    assert statistics.median(rtts) < profile.base_rtt_s + 0.0015, sorted(rtts)
-    assert sent["bits_per_second"] > 0.9 * 20e6 * 1448 / 1514
-    assert up["aqm_drops"] > 0 and abs(sent["retransmits"] - up["aqm_drops"]) <= 2, (sent, up)
+    assert statistics.median(rtts) < profile.base_rtt_s + 0.0015 + up["ping_late_s"], sorted(rtts)
+    assert sent["bits_per_second"] > 0.9 * 20e6 * 1448 / 1514 * machine_share(this_test=True)
+    assert up["aqm_drops"] > 0 and abs(sent["retransmits"] - up["duplicates"] - up["aqm_drops"]) <= 2, (sent, up)
 
 
 # The flow queues' hash puts two flows into one bucket of 1024 once in 1024, as the kernel's does. One
@@ -263,13 +264,16 @@ FQ_SEED, FQ_SERVER_PORT, FQ_CLIENT_PORT = 20261128, 5301, 5302
 def _ping_beside_a_bulk_flow(name: str, seconds: float) -> tuple[PathProfile, dict, list[float], dict]:
     """60 pings, 50 ms apart, once a cubic flow of `seconds` queues at a 20 Mbit/s, 20 ms, 200-packet bottleneck
     under the AQM `name`: the profile, the flow's iperf3 sum_sent, the RTTs, and how the up link's counters
-    moved (with the sojourn summaries), once the bottleneck has drained."""
+    moved (with the sojourn summaries, the sender's `duplicates` (_duplicates_received), and `ping_late_s`: how
+    late both directions' delay lines released a packet on average, which a ping's round trip carries), once the
+    bottleneck has drained."""
     require_root()
-    require_tools("iperf3", "ping")
+    require_tools("iperf3", "ping", "nstat")
     profile = PathProfile.from_dict("fq", {"rate": "20mbit", "delay": "10ms", "queue": "200p",
                                            "up": {"aqm": name}}, "profiles.fq")
     with Testbed(profile, seed=FQ_SEED) as tb:
-        before = tb.link_stats()["up"]
+        before_both = tb.link_stats()
+        before = before_both["up"]
         result: dict = {}
         bulk = ("-C", "cubic", "--cport", str(FQ_CLIENT_PORT))
         flow = threading.Thread(target=lambda: result.update(iperf3(tb, *bulk, seconds=seconds, omit=0,
@@ -281,8 +285,38 @@ def _ping_beside_a_bulk_flow(name: str, seconds: float) -> tuple[PathProfile, di
         finally:
             flow.join()
         tb.wait_drained()
-        moved = {k: v - before.get(k, 0) for k, v in tb.link_stats()["up"].items() if isinstance(v, int)}
-    return profile, result["end"]["sum_sent"], rtts, moved | sojourn.summaries(moved)
+        after = tb.link_stats()
+        moved = {k: v - before.get(k, 0) for k, v in after["up"].items() if isinstance(v, int)}
+        duplicates = _duplicates_received(tb)
+        late_s = sum(_mean_late_s({k: after[d].get(k, 0) - before_both[d].get(k, 0) for k in ("late_us", "packets")})
+                     for d in ("up", "down"))
+    return profile, result["end"]["sum_sent"], rtts, moved | sojourn.summaries(moved) | {"ping_late_s": late_s,
+                                                                                 "duplicates": duplicates}
+
+
+def _mean_late_s(link: dict) -> float:
+    """How late a delay line released its link's packets, on average: the machine's stalls, which a ping beside
+    the bulk flow meets as much as any packet. Up: 1.4 ms at 41 % steal."""
+    return link["late_us"] / link["packets"] / 1e6 if link["packets"] else 0.0
+
+
+def _duplicates_received(tb: Testbed) -> int:
+    """Segments the sender sent again that had arrived already: the receiver reports each with a D-SACK (RFC 2883)
+    and the sender's kernel counts them (TcpExtTCPDSACKRecvSegs, since Linux 5.10).
+    A machine stall that holds the ACKs past the sender's timers makes the sender send again what was never lost: a
+    tail-loss probe near 2 srtt, an RTO. PIE at 35.7 % steal retransmitted 9 segments for its 5 drops. So a flow's
+    retransmits, less these, are what the bottleneck dropped."""
+    return tcp_ext(tb, tb.sender_ns, "TcpExtTCPDSACKRecvSegs")["TcpExtTCPDSACKRecvSegs"]
+
+
+def _l_percentile_less_the_late_ms(up: dict, q: float) -> float:
+    """The L queue's sojourn at quantile q less the share f of the link's packets the delay line released over
+    2 ms late (late_releases): a stall holds every packet queued in it, and the packets it held are about f of the
+    L queue's too (a stall holds both queues alike; the link's share stands for L's), so the quantile q - f of
+    what was measured is about the quantile q of a machine without stalls. At
+    28.5 % steal (this machine under load, 2026-11-29) f was 0.16-0.22 and the p95 1.58-2.23 ms; quiet, f is
+    under 0.001 and this is the p95 itself."""
+    return sojourn.percentile_ms(sojourn.buckets(up, sojourn.L_PREFIX), q - late_share(up))  # L's own as likely
 
 
 def _wait_for_a_queue(tb: Testbed, deadline_s: float) -> None:
@@ -326,6 +360,14 @@ DUALPI2_L_P95_MS = 1.4
 DUALPI2_C_MEDIAN_MS = (8.0, 20.0)
 
 
+def _pi_holds_near_target(median_ms: float, bounds: tuple[float, float], share: float) -> bool:
+    """Whether a PI controller's queue (PIE's, DualPI2's C) sits at a median within `bounds`. The controller reads
+    the delay line's own lateness as queue and drops or marks for it, so on a busy machine the queue sits lower, and
+    the lower bound scales with the machine's share: DualPI2's C median 7.5 ms at 31 % steal (share 0.69), PIE's
+    8.9 ms at 40.5 % steal (share 0.6)."""
+    return bounds[0] * share <= median_ms <= bounds[1]
+
+
 def _run_beside(tb: Testbed, seconds: float, *others: tuple[str, ...]) -> tuple[dict, list[dict], dict]:
     """A cubic iperf3 flow of `seconds` with other iperf3 runs beside it (their arguments): the flow's and the
     others' -J documents, and how the up link's counters moved, once the bottleneck has drained."""
@@ -344,41 +386,43 @@ def _run_beside(tb: Testbed, seconds: float, *others: tuple[str, ...]) -> tuple[
     tb.wait_drained()
     after = tb.link_stats()["up"]
     moved = {k: v - before.get(k, 0) for k, v in after.items() if isinstance(v, int)}
-    return main, found, moved | sojourn.summaries(moved)
+    return main, found, moved | sojourn.summaries(moved) | {"duplicates": _duplicates_received(tb)}
 
 
-def test_pie_holds_the_queue_near_its_target() -> None:
+def test_pie_holds_the_queue_near_its_target(machine_share) -> None:
     """PIE with RFC 8033's defaults (15 ms target) on 20 Mbit/s, 20 ms RTT, a 200-packet limit: one cubic flow's
     packets wait 15 ms at the median (PIE_MEDIAN_MS), where drop-tail holds the 200 packets (121 ms); every drop
-    (7 to 14 in 8 s) is one of the flow's retransmits, and the link stays busy (19.3-19.5 Mbit/s)."""
+    (7 to 14 in 8 s) is one of the flow's retransmits (less those the receiver had already: _duplicates_received),
+    and the link stays busy (19.3-19.5 Mbit/s)."""
     require_root()
-    require_tools("iperf3")
+    require_tools("iperf3", "nstat")
     profile = PathProfile.from_dict("pie", {"rate": "20mbit", "delay": "10ms", "queue": "200p",
                                             "up": {"aqm": "pie"}}, "profiles.pie")
     with Testbed(profile) as tb:
         flow, _, up = _run_beside(tb, 8)
     sent = flow["end"]["sum_sent"]
     assert up["aqm_drops"] > 0 and up["queue_drops"] == 0, up
-    assert abs(sent["retransmits"] - up["aqm_drops"]) <= 2, (sent["retransmits"], up)
-    assert PIE_MEDIAN_MS[0] <= up["sojourn"]["median_ms"] <= PIE_MEDIAN_MS[1], up["sojourn"]
-    assert sent["bits_per_second"] > 0.9 * 20e6 * 1448 / 1514, sent
+    assert abs(sent["retransmits"] - up["duplicates"] - up["aqm_drops"]) <= 2, (sent["retransmits"], up)
+    assert _pi_holds_near_target(up["sojourn"]["median_ms"], PIE_MEDIAN_MS, machine_share(this_test=True)), up
+    assert sent["bits_per_second"] > 0.9 * 20e6 * 1448 / 1514 * machine_share(this_test=True), sent
 
 
-def test_fq_pie_serves_a_ping_at_once_and_holds_the_flow_near_its_target() -> None:
+def test_fq_pie_serves_a_ping_at_once_and_holds_the_flow_near_its_target(machine_share) -> None:
     """fq_pie (sch_fq_pie.c: fq_codel's flow queues, a PIE with RFC 8033's 15 ms target for each) on 20 Mbit/s,
     20 ms RTT, a 200-packet limit: the ping's own queue goes before the bulk flow's, as under fq_codel, while the
     flow's PIE holds its packets near 15 ms (PIE_MEDIAN_MS, as PIE's alone); every drop is one of its
-    retransmits, and the link stays busy. Measured in 4 runs: ping median 20.1-20.2 ms on the 20 ms path, the
-    sojourn median 15.0 ms every time (p95 30 ms), 7-8 drops and as many retransmits, 19.4 Mbit/s."""
+    retransmits (less the duplicates), and the link stays busy. Measured in 4 runs: ping median 20.1-20.2 ms on
+    the 20 ms path, the sojourn median 15.0 ms every time (p95 30 ms), 7-8 drops and as many retransmits, 19.4
+    Mbit/s."""
     profile, sent, rtts, up = _ping_beside_a_bulk_flow("fq_pie", seconds=8)
-    assert len(rtts) == 60 and statistics.median(rtts) < profile.base_rtt_s + 0.0015, sorted(rtts)
+    assert len(rtts) == 60 and statistics.median(rtts) < profile.base_rtt_s + 0.0015 + up["ping_late_s"], sorted(rtts)
     assert up["aqm_drops"] > 0 and up["queue_drops"] == 0, up
-    assert abs(sent["retransmits"] - up["aqm_drops"]) <= 2, (sent["retransmits"], up)
-    assert PIE_MEDIAN_MS[0] <= up["sojourn"]["median_ms"] <= PIE_MEDIAN_MS[1], up["sojourn"]
-    assert sent["bits_per_second"] > 0.9 * 20e6 * 1448 / 1514, sent
+    assert abs(sent["retransmits"] - up["duplicates"] - up["aqm_drops"]) <= 2, (sent["retransmits"], up)
+    assert _pi_holds_near_target(up["sojourn"]["median_ms"], PIE_MEDIAN_MS, machine_share(this_test=True)), up
+    assert sent["bits_per_second"] > 0.9 * 20e6 * 1448 / 1514 * machine_share(this_test=True), sent
 
 
-def test_dualpi2_keeps_the_l_queue_short_beside_a_classic_flow() -> None:
+def test_dualpi2_keeps_the_l_queue_short_beside_a_classic_flow(machine_share) -> None:
     """DualPI2 (RFC 9332 defaults) on 20 Mbit/s, 20 ms RTT: an ECT(1) UDP stream of 4 Mbit/s (iperf3 --tos 1)
     goes to the L queue, one cubic flow with classic ECN (ECT(0)) to the C queue. The L queue is served first
     and marked past 1 ms, so its packets wait 0.94 ms at p95, while the C queue's sit near the 15 ms target
@@ -386,7 +430,7 @@ def test_dualpi2_keeps_the_l_queue_short_beside_a_classic_flow() -> None:
     packets arriving as the delay line marked (204 to 276, 96 to 123 of them the step's; iptables' ecn
     match)."""
     require_root()
-    require_tools("iperf3", "iptables")
+    require_tools("iperf3", "iptables", "nstat")
     profile = PathProfile.from_dict("l4s", {"rate": "20mbit", "delay": "10ms", "ecn": "on",
                                             "up": {"aqm": "dualpi2"}}, "profiles.l4s")
     with Testbed(profile) as tb:
@@ -396,8 +440,9 @@ def test_dualpi2_keeps_the_l_queue_short_beside_a_classic_flow() -> None:
     ce_arrived = int(next(line for line in rule.splitlines() if "ECN match" in line).split()[0])
     sent = flow["end"]["sum_sent"]
     assert 0 < up["aqm_step_marks"] < up["aqm_marks"] == ce_arrived, (ce_arrived, up)
-    assert up["aqm_drops"] == up["queue_drops"] == 0 and sent["retransmits"] <= 2, (sent["retransmits"], up)
-    assert up["sojourn_l"]["p95_ms"] <= DUALPI2_L_P95_MS, up
-    assert DUALPI2_C_MEDIAN_MS[0] <= up["sojourn_c"]["median_ms"] <= DUALPI2_C_MEDIAN_MS[1], up
+    # nothing dropped, so nothing sent again but what had arrived (a tail-loss probe a stall fired), and a margin of 2
+    assert up["aqm_drops"] == up["queue_drops"] == 0 and sent["retransmits"] - up["duplicates"] <= 2, (sent, up)
+    assert _l_percentile_less_the_late_ms(up, 0.95) <= DUALPI2_L_P95_MS, up
+    assert _pi_holds_near_target(up["sojourn_c"]["median_ms"], DUALPI2_C_MEDIAN_MS, machine_share(this_test=True)), up
     assert udp["end"]["sum"]["lost_percent"] < 1, udp["end"]["sum"]
-    assert sent["bits_per_second"] + 4e6 > 0.9 * 20e6 * 1448 / 1514, sent
+    assert sent["bits_per_second"] + 4e6 > 0.9 * 20e6 * 1448 / 1514 * machine_share(this_test=True), sent

@@ -170,5 +170,11 @@ def test_every_probe_rtt_is_counted(link: Link) -> None:
     assert modes[0] == "startup" and modes[1:3] in (["drain", "probe_bw"], ["probe_bw", "probe_rtt"]), (modes, err)
     assert modes.count("probe_rtt") == episodes and len(modes) - 1 == state.mode_changes, (modes, state)
     assert all(a != b for a, b in itertools.pairwise(modes)), modes  # changes, never repeats
-    for change in changes[1:]:
-        assert bbr_gains_match(change["mode"], change["pacing_gain"], change["cwnd_gain"]), change
+    # each with its mode's gains, but one: bbr_cwnd_event's CA_EVENT_TX_START (a send after the flow went idle,
+    # app-limited; a CI run at 14 % steal stalled the sender so) ends PROBE_RTT through bbr_check_probe_rtt_done
+    # outside bbr_main, so probe_bw keeps probe_rtt's gains (1.0, 1.0) until the next ACK's bbr_update_gains
+    for before, change in itertools.pairwise(changes):
+        gains = change["pacing_gain"], change["cwnd_gain"]
+        left_probe_rtt = (before["mode"], change["mode"]) == ("probe_rtt", "probe_bw")
+        assert bbr_gains_match(change["mode"], *gains) or (left_probe_rtt and bbr_gains_match("probe_rtt", *gains)), \
+            change

@@ -25,7 +25,7 @@ from ccscope.emulation.profile import SHORT_FLOW_PORT
 from ccscope.host import state as emu_state
 from ccscope.host.state import cleanup_all
 from ccscope_testkit.prereqs import require, require_root, require_tools
-from emulation_helpers import HostSnapshot, iperf3
+from emulation_helpers import HostSnapshot, iperf3, tcp_ext
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -82,10 +82,14 @@ def test_ping_rtt_matches_an_asymmetric_profile():
     # 20 ms up + 5 ms down: the RTT is the sum of the one-way delays
     p = profile(up={"delay": "20ms"}, down={"delay": "5ms"}, rate="50mbit")
     with Testbed(p) as tb:
+        before = tb.link_stats()
         rtts = tb.ping_rtts(count=10)
         assert len(rtts) == 10
-        assert statistics.median(rtts) == pytest.approx(0.025, rel=0.02, abs=0.0005)
         assert min(rtts) >= 0.025  # the delay line never releases early
+        # Late it can be, when the machine does not run it: at 13.3 % steal the median came 0.7 ms over (a fresh
+        # clone's run, 2026-11-29). What the delay lines counted as their lateness over the pings is allowed.
+        late_s = sum(d["late_us"] - before[direction]["late_us"] for direction, d in tb.link_stats().items()) / 1e6
+        assert statistics.median(rtts) <= 0.025 + 0.0005 + late_s / len(rtts), (rtts, late_s)
         # netns_inode is the inode a process inside the namespace sees (what BPF telemetry reports)
         sleeper = tb.popen(tb.sender_ns, ["sleep", "5"])
         deadline = time.monotonic() + 2
@@ -233,19 +237,21 @@ def test_the_rate_probe_and_its_iperf3_share_one_cpu(monkeypatch):
 
 
 REORDER_COUNTERS = ("TcpExtTCPSACKReorder", "TcpExtTCPTSReorder", "TcpExtTCPRenoReorder")
-
-
-def tcp_ext(tb: Testbed, ns: str) -> dict[str, int]:
-    """The namespace's own TCP counters (nstat -a: absolute; -s: its history file left alone)."""
-    out = tb.run(ns, ["nstat", "-asz", *REORDER_COUNTERS], timeout=5).stdout
-    return {name: int(value) for name, value, *_ in (line.split() for line in out.splitlines()[1:])}
+REORDER_ALLOWED = 16  # of the three counters together (test_jitter_keeps_packet_order)
 
 
 def test_jitter_keeps_packet_order():
     """4 ms of jitter on 10 ms, and pings 2 ms apart: a delay line that drew each packet's delay alone would
     swap many neighbours (their delays differ by up to 16 ms over the round trip). Order is kept: ping's
-    replies arrive in sequence, and the sender's kernel sees no reordering (what SACKs and timestamps reveal),
-    against a flow that fills the link. Such a delay line made 1612 SACK reorderings in one such flow."""
+    replies arrive in sequence, and the sender's kernel sees next to no reordering (what SACKs and timestamps
+    reveal) against a flow that fills the link. Such a delay line made 1612 SACK reorderings in one such flow.
+
+    Next to none, not none: a veth hands a packet to the backlog of the CPU that sends it, and a TCP sender, the
+    delay line's verdicts and the shaper's timer send from both CPUs; when the host stops one CPU in between,
+    the other's later packets overtake. Under 10-21 % steal, 5 of 18 such flows had 1-10 SACK and 0-3
+    timestamp reorderings (none on a quiet machine). Steering each veth's flows to one CPU (RPS) removed them
+    (0 of 17) but made a packet wait for a stopped CPU, which cost the suite more (reverted, see git log). So
+    REORDER_ALLOWED, a hundredth of what a delay line that reorders makes."""
     with Testbed(profile(rate="20mbit", delay="10ms", jitter="4ms")) as tb:
         tb.ping_rtts(count=1)  # ARP
         out = tb.run(tb.sender_ns, ["ping", "-n", "-c", "200", "-i", "0.002", "-W", "2", tb.receiver_addr],
@@ -255,10 +261,11 @@ def test_jitter_keeps_packet_order():
         assert len(seqs) >= 190 and max(rtts) - min(rtts) > 4, out[-500:]  # the delay varies
         assert seqs == sorted(seqs), [(a, b) for a, b in itertools.pairwise(seqs) if b < a][:10]
         tb.set_algorithm("cubic")
-        before = tcp_ext(tb, tb.sender_ns)
+        before = tcp_ext(tb, tb.sender_ns, *REORDER_COUNTERS)
         end = iperf3(tb, seconds=2)["end"]
-        after = tcp_ext(tb, tb.sender_ns)
-        assert {k: after[k] - before[k] for k in REORDER_COUNTERS} == dict.fromkeys(REORDER_COUNTERS, 0)
+        after = tcp_ext(tb, tb.sender_ns, *REORDER_COUNTERS)
+        reordered = {k: after[k] - before[k] for k in REORDER_COUNTERS}
+        assert sum(reordered.values()) <= REORDER_ALLOWED, reordered
         assert end["sum_received"]["bits_per_second"] > 0.8 * 20e6
 
 

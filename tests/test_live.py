@@ -108,7 +108,7 @@ def link() -> Iterator[Link]:
 # --- the daemon's page, a real flow -----------------------------------------------------------------------------------
 
 
-def test_daemon_page_charts_a_live_iperf3_flow(link: Link, tmp_path: Path) -> None:
+def test_daemon_page_charts_a_live_iperf3_flow(link: Link, tmp_path: Path, machine_share) -> None:
     users = tmp_path / "users"
     users.write_text(f"{USER}:{hashlib.sha256(PASSWORD.encode()).hexdigest()}\n")
     port, iperf_port = free_port(), free_port()
@@ -158,7 +158,7 @@ def test_daemon_page_charts_a_live_iperf3_flow(link: Link, tmp_path: Path) -> No
             # throughput (bytes acked over 200 ms windows) against the TCP payload rate of the link's tbf:
             # 28.64-28.77 of 28.69 Mbit/s in three runs (the window's edges and tbf's burst move it a little)
             settled, payload = statistics.median(mbps[-20:]), LINK_RATE_MBPS * 1448 / 1514
-            assert 0.85 * payload <= settled <= 1.05 * payload, mbps[-20:]
+            assert 0.85 * payload * machine_share(this_test=True) <= settled <= 1.05 * payload, mbps[-20:]
             # pushes: at least 5 a second (median gap between `points` messages)
             gaps = driver.execute_script(
                 "const t = window.ccscopeLive.pushTimes; return t.slice(1).map((v, i) => v - t[i]);")

@@ -506,8 +506,11 @@ def test_non_finite_number_is_refused_before_any_plot_is_rewritten(tmp_path, val
     plots = {p.name: p.stat().st_ino for p in (directory / "plots").iterdir()}  # write_atomic: a new inode
     text = json.dumps(BASE, indent=1)
     doc = json.loads(text)
-    doc["summary"][0]["goodput_bps"]["mean"] = 1.5
-    (directory / "results.json").write_text(json.dumps(doc, indent=1).replace("1.5", value, 1))
+    # Python's json writes these three as the bare tokens; a text replace of a number once hit the same digits
+    # in "monotonic_started" (6461.5...) and wrote invalid JSON.
+    doc["summary"][0]["goodput_bps"]["mean"] = float(value)
+    (directory / "results.json").write_text(json.dumps(doc, indent=1))
+    assert f'"mean": {value}' in (directory / "results.json").read_text()
     line = _assert_refused(tmp_path, directory, _tree(tmp_path))
     assert f"$.summary[0].goodput_bps.mean: expected number or null, got {float(value)}" in line, line
     assert {p.name: p.stat().st_ino for p in (directory / "plots").iterdir()} == plots

@@ -39,8 +39,10 @@ def test_load_reads_every_run_and_its_csvs() -> None:
     for name in csvs:
         with (FIXTURE / name).open() as fh:
             rows = list(csv.reader(fh))
-        assert rows[0] == list(CSV_HEADER), name
-        assert len(rows) > 2 and all(len(row) == len(CSV_HEADER) for row in rows), name
+        # written by an older ccscope: the columns added since (delivered_packets, delivered_ce_packets) come
+        # after its own, and the readers go by name, so an older results directory still loads
+        assert rows[0] == list(CSV_HEADER[:len(rows[0])]) and "event" in rows[0], name
+        assert len(rows) > 2 and all(len(row) == len(rows[0]) for row in rows), name
 
 
 @pytest.mark.parametrize("damage, words", [

@@ -114,7 +114,7 @@ def test_a_reused_local_port_gives_the_data_connections_series() -> None:
     from ccscope.scenario.traffic import BulkFlow
 
     def sample(t: float, acked: int, event: int = 1) -> Sample:
-        return Sample(t, 10, 0.04, 0, acked, acked, None, 0.04, 0, 0.0, "open", "cubic", event, 1448)
+        return Sample(t, 10, 0.04, 0, acked, acked, None, 0.04, 0, 0.0, "open", "cubic", event, 1448, 0, 0)
 
     check = FlowSeries(1, "192.0.2.2", 56674, "198.51.100.2", 5731, [sample(9.9, 184, event=3)])
     data = FlowSeries(2, "192.0.2.2", 56674, "198.51.100.2", 5201, [sample(10.0 + i, 400_000 * i) for i in range(20)])

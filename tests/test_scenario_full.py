@@ -15,12 +15,15 @@ import signal
 import statistics
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
+from cchelpers import delay_lines_kept_time, undone
 from ccscope.emulation.backends import tbf_params
 from ccscope.scenario import results, spec
-from ccscope.scenario.emulated import machine_stalls
+from ccscope.scenario.emulated import late_share
 from ccscope.units import parse_duration
 from ccscope_testkit.kernel_cc import bbr_gains_match, cubic_reduction
 from ccscope_testkit.prereqs import require_bpf_object, require_root, require_tools
@@ -84,7 +87,14 @@ def _rows(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(fh))
 
 
-def _assert_state_explains(out: Path, run: dict) -> None:
+class _Loss(NamedTuple):
+    """A CUBIC loss as its state event and the telemetry's next sample show it."""
+    wmax: int
+    ssthresh: int  # the next sample's
+    undone: bool  # the next sample's cwnd and ssthresh are not below the ones before: the reduction was undone
+
+
+def _assert_state_explains(out: Path, doc: dict, run: dict) -> None:
     """A CUBIC or BBR flow's state CSV against the kernel's own formulas, on every full-length run: each loss's
     W_max and the ssthresh that the telemetry (equal to TCP_INFO) shows next come from one window, as
     cubictcp_recalc_ssthresh() computes them (all 115 losses of the six built-ins with CUBIC matched exactly,
@@ -93,7 +103,7 @@ def _assert_state_explains(out: Path, run: dict) -> None:
     for flow in run["flows"]:
         assert flow.get("state_csv"), flow  # every built-in's algorithms have a decoder (copa: ccscope's BPF one)
         if flow["algorithm"] == "prague":
-            _assert_alpha_is_the_ce_fraction(out, flow)
+            _assert_alpha_is_the_ce_fraction(out, flow, stalled=not delay_lines_kept_time(doc, run))
             continue
         if flow["algorithm"] not in ("cubic", "bbr"):
             continue  # tests/test_ccstate_bpf.py checks ccscope's own algorithms' state
@@ -106,8 +116,9 @@ def _assert_state_explains(out: Path, run: dict) -> None:
             assert moved and all(bbr_gains_match(r["mode"], float(r["pacing_gain"]), float(r["cwnd_gain"]))
                                  for r in moved), flow["state_csv"]
             continue
-        samples = [r for r in _rows(out / flow["csv"]) if r["ssthresh_segments"]]
-        times = [float(r["time_s"]) for r in samples]
+        every = _rows(out / flow["csv"])
+        samples = [r for r in every if r["ssthresh_segments"]]
+        times, every_time = [float(r["time_s"]) for r in samples], [float(r["time_s"]) for r in every]
         losses, last = [], 0
         for r in (r for r in states if r["event"] == "change"):
             wmax = int(r["wmax_segments"])
@@ -115,10 +126,22 @@ def _assert_state_explains(out: Path, run: dict) -> None:
                 # the first sample after it: the CSVs' times are rounded to 0.1 ms, and a sample of the same
                 # rounded time may be of the segment before the loss (3 of 43 on the wireless path were)
                 after = bisect.bisect_right(times, float(r["time_s"]))
-                losses.append((wmax, int(samples[after]["ssthresh_segments"])))
+                if after == len(samples):
+                    continue  # the flow ended before a sample showed it
+                at = bisect.bisect_right(every_time, float(r["time_s"]))
+                kept = 0 < at < len(every) and undone(every[at - 1], every[at])
+                losses.append(_Loss(wmax, int(samples[after]["ssthresh_segments"]), undone=kept))
             last = wmax
         assert losses or not flow["retransmits"], flow["state_csv"]
-        assert all(cubic_reduction(wmax, ssthresh) for wmax, ssthresh in losses), (flow["state_csv"], losses)
+        # A reduction the kernel undid is gone by the next sample: cwnd not cut, and ssthresh back to at least the
+        # one before (tcp_undo_cwnd_reduction: max(ssthresh, prior_ssthresh)). A busy host's delay spikes make
+        # such needless retransmits. The kernel undoes on DSACK or on timestamps (tcp_packet_delayed: the ACK
+        # echoes a time before the retransmit), and the latter leaves no DSACK to count: in 4d6a671's CI, one of
+        # bbr-vs-cubic's losses (W_max 272, ssthresh 314 after it) was undone in a flow with no DSACK. In the
+        # fresh-clone run of 2be9b69, 10 of 248 losses did not match, each one undone. A misread W_max instead
+        # shows as a cut that does not fit it.
+        unmatched = [loss for loss in losses if not cubic_reduction(loss.wmax, loss.ssthresh)]
+        assert all(loss.undone for loss in unmatched), (flow["state_csv"], flow["spurious_retransmits"], losses)
 
 
 def _assert_goodput_is_iperf3s(flow: dict, duration_s: float) -> None:
@@ -146,7 +169,7 @@ def test_every_builtin_is_run_at_full_duration():
 
 
 @pytest.mark.parametrize("name", list(BUILTINS))
-def test_builtin_at_full_duration(ccscope_cmd, tmp_path, host, name):
+def test_builtin_at_full_duration(ccscope_cmd, tmp_path, host, name, machine_share):
     out = tmp_path / name
     shard = ["--shard", SHARDS[name]] if name in SHARDS else []
     res = _scenario(ccscope_cmd, name, "--runs", "1", "--algorithms", BUILTINS[name], *shard, "--out", str(out),
@@ -166,14 +189,14 @@ def test_builtin_at_full_duration(ccscope_cmd, tmp_path, host, name):
             _assert_goodput_is_iperf3s(flow, doc["scenario"]["duration_s"])
             assert flow["algorithm_ok"] is True
         _assert_every_report_kept(out, doc, run)
-        _assert_state_explains(out, run)
+        _assert_state_explains(out, doc, run)
         if traffic.get("downloads"):
             assert run["downloads"] and all(d["error"] is None or "time limit" in d["error"]
                                             for d in run["downloads"])
             assert any(d["complete"] for d in run["downloads"])
         if traffic.get("ping"):
             assert run["ping"]["received"] > 0
-    CLAIMS[name](doc)
+    CLAIMS[name](doc, lambda: machine_share(this_test=True))
     drawn = [f for run in doc["runs"] for f in run["flows"] if f["algorithm"] in ("cubic", "bbr")]
     assert not drawn or (out / "plots" / "state.png").stat().st_size > 0
     # the queueing plot where an AQM's queue was measured (bufferbloat's cures), and only there
@@ -192,42 +215,70 @@ def _runs(doc: dict) -> dict[str, dict]:
     return {run["profile"]: run for run in doc["runs"]}
 
 
-def _assert_alpha_is_the_ce_fraction(out: Path, flow: dict) -> None:
-    """Prague's alpha (its BPF state) is its estimate of the fraction of its packets marked: its mean past the first
-    fifth of the flow against the kernel's own delivered_ce / delivered of the whole flow (TCP_INFO). Measured:
-    0.0515 against 0.0509 alone, 0.0454 against 0.0451 beside cubic."""
-    alphas = [float(r["alpha"]) for r in _rows(out / flow["state_csv"])]
-    settled = alphas[len(alphas) // 5:]
-    assert flow["ce_fraction"] > 0 and len(settled) > 50, (flow["ce_fraction"], len(settled))
-    assert statistics.mean(settled) == pytest.approx(flow["ce_fraction"], rel=0.10), flow["ce_fraction"]
+# How far alpha's mean may be from the CE fraction taken one RTT at a time: quiet runs read 2-4 % apart; runs whose
+# delay lines a busy machine stalled (machine_stalls) read -5 % to +12 % apart in three runs at 34-38 % steal, and
+# +29 % in one whose delay lines released 42 % of its packets over 2 ms late (0.0161 against 0.0125): prague's
+# windows, which end when the data of their start is acknowledged, stretch by the stalls and no longer match RTTs
+# of time.
+ALPHA_TOLERANCE = {False: 0.10, True: 0.40}  # by whether the run was stalled
 
 
-def _claim_wired_vs_wireless(doc: dict) -> None:
+def _assert_alpha_is_the_ce_fraction(out: Path, flow: dict, stalled: bool) -> None:
+    """Prague's alpha (its BPF state) is its estimate of the fraction of its packets marked: the EWMA, window by
+    window, of each window's delivered_ce / delivered. Its mean past the first fifth of the flow is held against
+    the same fraction from the kernel's own counters (TCP_INFO, in the flow's CSV), taken over the same stretch
+    one RTT (the stretch's median srtt) at a time and averaged with each RTT counting once, as alpha counts each
+    window once. The whole flow's fraction, start-up included, was no oracle: 0.0377 against 0.0463 at 20 % steal
+    (4ce7673's CI); nor was the stretch's fraction of packets at 38 % steal (0.0564 against alpha's 0.0468): a
+    stall builds a queue, so a window after one is both marked more and longer. One RTT at a time, that run read
+    0.0458, and 0.0386 against 0.0407 together; lab runs at 2 Mbit/s, -8 % to +9 %."""
+    states = _rows(out / flow["state_csv"])
+    settled = states[len(states) // 5:]
+    assert len(settled) > 50, len(settled)
+    start, end = float(settled[0]["time_s"]), float(settled[-1]["time_s"])
+    samples = [r for r in _rows(out / flow["csv"]) if start <= float(r["time_s"]) <= end]
+    assert len(samples) >= 2, (start, end)
+    rtt_s = statistics.median(float(r["srtt_ms"]) for r in samples) / 1e3
+    fractions, window_start = [], samples[0]
+    for sample in samples[1:]:
+        if float(sample["time_s"]) - float(window_start["time_s"]) >= rtt_s:
+            delivered = int(sample["delivered_packets"]) - int(window_start["delivered_packets"])
+            marked = int(sample["delivered_ce_packets"]) - int(window_start["delivered_ce_packets"])
+            if delivered:
+                fractions.append(marked / delivered)
+            window_start = sample
+    assert len(fractions) >= 20 and sum(fractions) > 0, fractions
+    alpha = statistics.mean(float(r["alpha"]) for r in settled)
+    ce_fraction = statistics.mean(fractions)
+    assert alpha == pytest.approx(ce_fraction, rel=ALPHA_TOLERANCE[stalled]), (alpha, ce_fraction, flow["ce_fraction"])
+
+
+def _claim_wired_vs_wireless(doc: dict, share: Callable[[], float]) -> None:
     """Seed 001: the lossy, jittery wireless path carries far less than the clean wired one, at a longer RTT,
     and its retransmits are its 1 % random loss (wired 47.8 Mbit/s, 16.5 ms ping; wireless 3.2 Mbit/s, 41.4 ms,
     1.16 % of segments sent again)."""
     runs, profiles = _runs(doc), doc["profiles"]
     wired, wireless = (runs[p]["flows"][0] for p in ("wired", "wireless"))
-    assert wired["goodput_bps"] >= 0.9 * profiles["wired"]["up_rate_bps"] * PAYLOAD, wired["goodput_bps"]
+    assert wired["goodput_bps"] >= 0.9 * profiles["wired"]["up_rate_bps"] * PAYLOAD * share(), wired["goodput_bps"]
     assert wireless["goodput_bps"] < 0.5 * wired["goodput_bps"]
     assert runs["wireless"]["ping"]["rtt_ms"]["median"] >= profiles["wireless"]["base_rtt_s"] * 1e3 - 5  # ±5 ms jitter
     assert runs["wired"]["ping"]["rtt_ms"]["median"] < runs["wireless"]["ping"]["rtt_ms"]["median"]
     assert 0.005 <= wireless["retransmit_ratio"] <= 0.02 and wired["retransmit_ratio"] < 0.005
 
 
-def _claim_fast_vs_slow(doc: dict) -> None:
+def _claim_fast_vs_slow(doc: dict, share: Callable[[], float]) -> None:
     """Seed 000: each path full at its own rate, and the slow one's delay an order above the fast one's (fast
     47.8 of 50 Mbit/s at a 36 ms ping, slow 0.96 of 1 Mbit/s at 714 ms behind its queue)."""
     runs, profiles = _runs(doc), doc["profiles"]
     for name in ("fast", "slow"):
         payload = profiles[name]["up_rate_bps"] * PAYLOAD
         # the token bucket's burst lets a window's goodput exceed the payload rate a little (test_scenario_run)
-        assert 0.9 * payload <= runs[name]["flows"][0]["goodput_bps"] <= 1.03 * payload, name
+        assert 0.9 * payload * share() <= runs[name]["flows"][0]["goodput_bps"] <= 1.03 * payload, name
         assert runs[name]["ping"]["rtt_ms"]["median"] >= profiles[name]["base_rtt_s"] * 1e3, name
     assert runs["slow"]["ping"]["rtt_ms"]["median"] > 10 * runs["fast"]["ping"]["rtt_ms"]["median"]
 
 
-def _claim_bufferbloat(doc: dict) -> None:
+def _claim_bufferbloat(doc: dict, share: Callable[[], float]) -> None:
     """Seed 004: the large queue's pings and downloads wait behind the bulk flow; the two-queue fix gives them
     the path's own RTT back at no cost to the bulk flow (pings 35 / 101 / 20.0 ms small, large, isolated;
     100 KB downloads' median 0.43 / 0.63 / 0.19 s; bulk 9.20-9.22 Mbit/s in all three), and CoDel nearly so."""
@@ -262,10 +313,16 @@ def _claim_aqm_cures(doc: dict, runs: dict, ping: dict, took: dict, bulk: dict) 
     assert doc["profiles"]["large-queue-fq-codel"]["aqm"]["up"] == {
         "name": "fq_codel", "target_s": 0.005, "interval_s": 0.1, "ecn": True, "implementation": "ccscope"}
     assert doc["profiles"]["large-queue-codel-ecn"]["ecn"] == "on"
-    assert ping["large-queue-fq-codel"] < base_ms + 2, ping  # the ping's own flow queue goes first
+    # the ping's own flow queue goes first; it waits as long as the delay lines ran late on average, both ways
+    late_ms = sum(d["late_us"] / d["packets"] for d in runs["large-queue-fq-codel"]["link"].values()) / 1e3
+    assert ping["large-queue-fq-codel"] < base_ms + 2 + late_ms, (ping, late_ms)
     for name in ("large-queue-fq-codel", "large-queue-codel-ecn"):
         up = runs[name]["link"]["up"]
-        assert ping[name] < 1.5 * base_ms < ping["large-queue"], ping
+        # the cure halves drop-tail's ping at least, and where the delay lines kept time it is within half the
+        # path's RTT of it (CoDel-ECN's 32.8 ms against 98.4 at 26 % steal, 4879 of 25076 packets late)
+        assert ping[name] < 0.5 * ping["large-queue"], ping
+        if delay_lines_kept_time(doc, runs[name]):
+            assert ping[name] < 1.5 * base_ms < ping["large-queue"], ping
         assert up["sojourn"]["median_ms"] < 10 and up["sojourn"]["count"] >= 0.99 * up["packets"], up
         assert took[name] < 0.5 * took["large-queue"], took
         assert bulk[name] >= 0.9 * bulk["large-queue"], bulk
@@ -278,7 +335,9 @@ def _claim_aqm_cures(doc: dict, runs: dict, ping: dict, took: dict, bulk: dict) 
     # CoDel drops only what carries no ECT: the pings, and now and then a SYN, a bare FIN or a pure ACK (Linux
     # sends those, and retransmits, as Not-ECT: RFC 3168 6.1.4-6.1.5). CI once saw 1 such drop beside 0 lost pings.
     assert up["aqm_drops"] <= marking["ping"]["sent"] - marking["ping"]["received"] + 2, up
-    assert _retransmits(marking) <= 2, _retransmits(marking)
+    # a retransmit the kernel found needless (spurious_retransmits: its undo) is a stall's of the machine, not a
+    # loss: 4 of 4 at 28 % steal
+    assert _retransmits(marking) - _spurious(marking) <= 2, (_retransmits(marking), _spurious(marking))
     # the bulk flow negotiated ECN only where the profile asks for it, and was fed back marks (the count against
     # the kernel's own: tests/test_aqm.py)
     (flow,) = marking["flows"]
@@ -290,7 +349,12 @@ def _retransmits(run: dict) -> int:
     return sum(f["retransmits"] or 0 for f in [*run["flows"], *run["downloads"]])
 
 
-def _claim_rate_size(doc: dict) -> None:
+def _spurious(run: dict) -> int:
+    """The bulk flows' retransmits the kernel undid as needless (downloads carry no such count)."""
+    return sum(f["spurious_retransmits"] or 0 for f in run["flows"])
+
+
+def _claim_rate_size(doc: dict, share: Callable[[], float]) -> None:
     """Seed 002: no transfer beats its link (its frames beyond the shaper's burst, at the rate), and the ones the
     link alone cannot carry within the time limit are reported incomplete, the rest complete (1 MB at 1 Mbit/s:
     8.38 s for 8.34 s; 100 KB at 100 kbit/s 10.8 s for 8.13; 1 MB at 100 kbit/s needs 84 s of a 20 s limit)."""
@@ -305,7 +369,7 @@ def _claim_rate_size(doc: dict) -> None:
                 assert d["completion_time_s"] >= least_s, (run["profile"], d)
 
 
-def _claim_fairness(doc: dict) -> None:
+def _claim_fairness(doc: dict, share: Callable[[], float]) -> None:
     """CUBIC and BBR on a 2-BDP buffer: both keep a real share (cubic 0.36, bbr 0.64; Jain 0.92)."""
     [run] = doc["runs"]
     shares = {a: p["share"] for a, p in run["per_algorithm"].items()}
@@ -313,18 +377,18 @@ def _claim_fairness(doc: dict) -> None:
     assert run["jain"] >= 0.75, run["jain"]
 
 
-def _claim_pantheon_12mbit(doc: dict) -> None:
+def _claim_pantheon_12mbit(doc: dict, share: Callable[[], float]) -> None:
     """Seed 003: Copa fills the link without the standing queue a loss-based algorithm builds in the 4-BDP
     buffer (11.5 of 12 Mbit/s at a 43 ms median srtt on the 40 ms path, where the full queue would add 160 ms)."""
     [run] = doc["runs"]
     [flow] = run["flows"]
     profile = doc["profiles"]["12mbit"]
     full_queue_ms = profile["queue_bytes"] * 8 / profile["up_rate_bps"] * 1e3
-    assert flow["goodput_bps"] >= 0.85 * profile["up_rate_bps"] * PAYLOAD, flow["goodput_bps"]
+    assert flow["goodput_bps"] >= 0.85 * profile["up_rate_bps"] * PAYLOAD * share(), flow["goodput_bps"]
     assert flow["srtt_ms"]["median"] < profile["base_rtt_s"] * 1e3 + 0.25 * full_queue_ms, flow["srtt_ms"]
 
 
-def _claim_bbr_vs_cubic(doc: dict) -> None:
+def _claim_bbr_vs_cubic(doc: dict, share: Callable[[], float]) -> None:
     """Its 16-BDP shard: CUBIC fills the deep buffer and takes most of the link from BBR (BBR's share 0.18;
     the model's 0.49 is an upper bound here), and the queue stands (ping 600 ms on a 40 ms path)."""
     [run] = doc["runs"]
@@ -334,9 +398,11 @@ def _claim_bbr_vs_cubic(doc: dict) -> None:
     assert run["ping"]["rtt_ms"]["median"] > profile["base_rtt_s"] * 1e3 + 0.5 * full_queue_ms, run["ping"]
 
 
-def _claim_l4s(doc: dict) -> None:
-    """L4S end to end on this kernel: bpf prague (ECT(0), classic ECN feedback made exact by its receiver) in
-    DualPI2's L queue (any_ect), cubic (Not-ECT) in its C queue, 50 Mbit/s, 20 ms. Measured in 5 full runs
+def _claim_l4s(doc: dict, share: Callable[[], float]) -> None:
+    """L4S end to end on this kernel: bpf prague (ECT(1) by the sender's egress, classic ECN feedback made exact by
+    its receiver) in DualPI2's L queue (l4s_ect, RFC 9332's), cubic (Not-ECT) in its C queue, 50 Mbit/s, 20 ms.
+    Until 2026-11-29 prague sent ECT(0) and the DualPI2 took any ECT into L (any_ect); these numbers are from then.
+    Measured in 5 full runs
     (2026-11-27): prague alone 46.9 Mbit/s, L p99 1.12 ms, every mark the delay line made in its TCP_INFO
     delivered_ce (3546 and 3546); cubic alone 47.8 Mbit/s at a C median of 12.6 ms (the target is 15 ms); together
     prague/cubic 2.38, 2.20, 2.35, 1.92, that is 1.4-1.8 times what RFC 9332's coupling predicts for a Reno-like
@@ -344,24 +410,36 @@ def _claim_l4s(doc: dict) -> None:
     about 1.3 RTT here, so its window holds 2.6 / p_L, not 2 / p_L, while cubic held 1.22 / sqrt(p_C) within 8 %.
     Marks less the flows' delivered_ce: 0, 3, 2, 9 (iperf3's control connection runs prague too). After prague's
     review fixes (loss and CWR handling, cwnd down by the segments acked), 3 more runs: ratio/prediction 1.81,
-    1.60, 1.42; marks less delivered_ce 17, 2, 4 alone (0.56 % at most) and 5, 3, 2 together."""
+    1.60, 1.42; marks less delivered_ce 17, 2, 4 alone (0.56 % at most) and 5, 3, 2 together. Since the delay
+    line's DualPI2 gives L the first turn again whenever the link drains (as sch_dualpi2 under tbf does), two runs
+    (2026-11-29) read 1.31 and 1.55."""
     runs = {run["algorithms"]: run for run in doc["runs"]}
     profile = doc["profiles"]["dualpi2"]
     payload = profile["up_rate_bps"] * PAYLOAD
-    assert profile["aqm"]["up"]["ecn_mask"] == "any_ect" and profile["aqm"]["up"]["implementation"] == "ccscope"
+    assert profile["aqm"]["up"]["ecn_mask"] == "l4s_ect" and profile["aqm"]["up"]["implementation"] == "ccscope"
     alone, classic, both = runs["prague"], runs["cubic"], runs["prague+cubic"]
     [prague] = alone["flows"]
     up = alone["link"]["up"]
-    assert prague["ecn"] == "ecn" and prague["goodput_bps"] >= 0.9 * payload, prague
+    assert prague["ecn"] == "ecn", prague
+    # prague's 1 ms of queue rides out no stall of the machine: 27.0 Mbit/s at 37 % steal
+    if delay_lines_kept_time(doc, alone):
+        assert prague["goodput_bps"] >= 0.9 * payload, prague
     assert up["sojourn_l"]["p99_ms"] <= 2.0 and up["sojourn_l"]["count"] >= 0.99 * up["packets"], up
     # within 1 % either way: the flow's delivered_ce once exceeded the marks by 1 (3022 against 3021); an ECE
     # ACK may cover a neighbour of the marked segment, and iperf3's control connection carries marks too. And
     # the ECT(1) ping shares the L queue's marks (120 pings, as likely marked as prague's packets: 5 % of them)
     assert abs(up["aqm_marks"] - prague["delivered_ce_packets"]) <= _marks_allowance(alone), (up, prague)
-    assert up["aqm_drops"] == up["queue_drops"] == 0 and prague["retransmits"] == 0, up
+    # nothing dropped, so nothing sent again but what the kernel undid as needless (2 of 2 at 36 % steal)
+    assert up["aqm_drops"] == up["queue_drops"] == 0, up
+    assert prague["retransmits"] == prague["spurious_retransmits"], prague
+    # the L queue served the packets that reached the router as ECT(1) and the ECT(1) pings, nothing else
+    # (42566 = 42447 + 119 in one full run)
+    assert up["sojourn_l"]["count"] == prague["ect1_packets"] + alone["ping_l4s"]["sent"], (up, prague)
     [cubic] = classic["flows"]
-    assert cubic["ecn"] == "off" and cubic["goodput_bps"] >= 0.9 * payload, cubic
-    assert 8 <= classic["link"]["up"]["sojourn"]["median_ms"] <= 20, classic["link"]["up"]
+    assert cubic["ecn"] == "off" and cubic["goodput_bps"] >= 0.9 * payload * share(), cubic
+    # the PI controller reads the delay line's lateness as queue and marks for it: 3.8-4.5 ms at 37 % steal
+    if delay_lines_kept_time(doc, classic):
+        assert 8 <= classic["link"]["up"]["sojourn"]["median_ms"] <= 20, classic["link"]["up"]
     # together: the L queue stays short beside the C queue's standing one, and the coupling shares the link
     flows = {f["algorithm"]: f for f in both["flows"]}
     up = both["link"]["up"]
@@ -372,7 +450,7 @@ def _claim_l4s(doc: dict) -> None:
     predicted = 2 / (1.22 * k) * flows["cubic"]["srtt_ms"]["mean"] / flows["prague"]["srtt_ms"]["mean"]
     ratio = flows["prague"]["goodput_bps"] / flows["cubic"]["goodput_bps"]
     assert 1.0 <= ratio / predicted <= 2.3, (ratio, predicted)  # measured 1.40-1.80
-    assert sum(f["goodput_bps"] for f in flows.values()) >= 0.9 * payload, flows
+    assert sum(f["goodput_bps"] for f in flows.values()) >= 0.9 * payload * share(), flows
     _l4s_pings(doc, runs, profile["base_rtt_s"] * 1e3)
     # the report's rows say what each negotiated and how much of it was marked
     rows = {(r["algorithms"], r["algorithm"]): r for r in doc["summary"]}
@@ -388,7 +466,7 @@ def _marks_allowance(run: dict) -> float:
     return 0.01 * run["link"]["up"]["aqm_marks"] + 3 * prague["ce_fraction"] * run["ping_l4s"]["sent"]
 
 
-QUIET_LATE_SHARE = 0.001  # of the uplink's packets: a tenth of the stall warning's share
+QUIET_LATE_SHARE = 0.001  # of the link's packets: a tenth of the stall warning's share
 
 
 def _l4s_pings(doc: dict, runs: dict[str, dict], base_ms: float) -> None:
@@ -410,11 +488,13 @@ def _l4s_pings(doc: dict, runs: dict[str, dict], base_ms: float) -> None:
         up, plain, marked = run["link"]["up"], run["ping"]["rtt_ms"], run["ping_l4s"]["rtt_ms"]
         machine_ms = up["max_late_ms"] + run["link"]["down"]["max_late_ms"]
         assert marked["p95"] - base_ms <= 2.0 + machine_ms, (label, marked, machine_ms)
-        assert plain["median"] - base_ms >= 8.0, (label, plain, marked)
-        stalled = machine_stalls(run["link"])
-        if stalled is not None:
-            assert f"{run['label']}: {stalled}" in doc["warnings"], doc["warnings"]
-        if sum(d.get("late_releases", 0) for d in run["link"].values()) > QUIET_LATE_SHARE * up["packets"]:
+        # beside cubic's standing C queue the ECT(1) ping passes it; the C queue near its target where the delay
+        # lines kept time (a plain ping 6.25 ms over the path at 28 % steal, where the controller marked for
+        # the lateness)
+        assert plain["median"] > marked["median"], (label, plain, marked)
+        if delay_lines_kept_time(doc, run):
+            assert plain["median"] - base_ms >= 8.0, (label, plain, marked)
+        if late_share(*run["link"].values()) > QUIET_LATE_SHARE:
             continue
         assert abs(marked["median"] - base_ms - up["sojourn_l"]["median_ms"]) <= 0.5, (label, marked, up)
         c_queue = up["sojourn_c"]["median_ms"]

@@ -6,7 +6,7 @@ qdisc, iptables rule, sysctl, process or state file left behind."""
 from __future__ import annotations
 
 import csv
-import operator
+import math
 import os
 import shutil
 import signal
@@ -16,9 +16,8 @@ from pathlib import Path
 
 import pytest
 from ccscope.cc.provide import kernel_algorithms
-from ccscope.emulation.testbed import steal_s
 from ccscope.host import state
-from ccscope.scenario import results
+from ccscope.scenario import fetch, results
 from ccscope.scenario.recorder import CSV_HEADER
 from ccscope_testkit.prereqs import require_bpf_object, require_root, require_tools
 from emulation_helpers import HostSnapshot
@@ -57,7 +56,7 @@ def _csv_rows(path: Path) -> list[dict]:
         return list(csv.DictReader(fh))
 
 
-def test_wired_vs_wireless_quick(ccscope_cmd, tmp_path, watched_quick_scenario):
+def test_wired_vs_wireless_quick(ccscope_cmd, tmp_path, watched_quick_scenario, machine_share):
     """The quick scenario as a user runs it (tests/watched_scenario.py: its live page open meanwhile)."""
     watched = watched_quick_scenario
     out, stdout, stderr = watched.out, watched.stdout, watched.stderr
@@ -94,7 +93,7 @@ def test_wired_vs_wireless_quick(ccscope_cmd, tmp_path, watched_quick_scenario):
         assert flow["goodput_bps"] <= max_goodput * 1.03
         assert flow["srtt_ms"]["median"] >= profile["base_rtt_s"] * 1e3 * 0.85
         if run["profile"] == "wired":
-            assert flow["goodput_bps"] >= 0.85 * max_goodput
+            assert flow["goodput_bps"] >= 0.85 * max_goodput * machine_share(span=watched.ran)
         rows = _csv_rows(out / flow["csv"])
         assert len(rows) > 50
         assert tuple(rows[0]) == CSV_HEADER
@@ -185,12 +184,11 @@ def _run_file(ccscope_cmd, tmp_path: Path, text: str) -> dict:
     return results.load(out)
 
 
-def test_time_limited_downloads_and_competing_flows(ccscope_cmd, tmp_path, host):
+def test_time_limited_downloads_and_competing_flows(ccscope_cmd, tmp_path, host, machine_share):
     """Seed 002's hang becomes an incomplete transfer; two algorithms share one bottleneck (Jain).
     Two loss-based algorithms, not cubic+bbr: BBR ignores loss, and on this 3-BDP tail-drop queue the two
     dropped 19% of the up direction's packets (225 of 1191); the 5 KB download then lost its first segment
     5 times in a row and received nothing in 3 s: the network, which ccscope reported as it was."""
-    steal_before = steal_s()
     doc = _run_file(ccscope_cmd, tmp_path, """
 name: mini
 algorithms: [[cubic, reno]]
@@ -202,7 +200,6 @@ traffic:
   bulk: {flows: 1, stagger: 0.5s}
   downloads: {sizes: [5KB, 2MB], timeout: 3s, start: 1s}
 """)
-    stolen_s = sum(map(operator.sub, steal_s(), steal_before))
     [run] = doc["runs"]
     assert [f["algorithm_kernel"] for f in run["flows"]] == ["cubic", "reno"]
     assert [f["algorithm_iperf3"] for f in run["flows"]] == ["cubic", "reno"]
@@ -219,14 +216,13 @@ traffic:
     # which holds the 0.5 s one flow had the link alone (2.19 Mbit/s in a CI run). The link stays full, and
     # the 2 MB download, one flow of three for 3 s of the 4, takes up to a third of it: bulk flows 1.29 of
     # 2.00 Mbit/s in a CI run, the download 0.83 Mbit/s over its 3 s. The link idles while the host holds a
-    # CPU of ours (steal; ~100 ms at a time beside busy loops, see testbed.steal_s): the delay line or the
-    # senders stop. Beside two busy loops, 31 runs read 1.915-2.002 Mbit/s, the low ones with more steal (2.00
-    # with none, 1.94 with 0.4 s), and a CI run 1.88; the bound gives the link up to all the run's steal
-    # (window ~4.3 s of ~9 s).
+    # CPU of ours (steal; ~100 ms at a time beside busy loops): the delay line or the senders stop. Beside two
+    # busy loops, 31 runs read 1.915-2.002 Mbit/s, the low ones with more steal (2.00 with none, 1.94 with
+    # 0.4 s), and a CI run 1.88; the bound scales with the machine's share of this test's time, as every
+    # emulated link's rate does (conftest.machine_share).
     link = run["link_window_bps"]
-    window_s = run["window_s"][1] - run["window_s"][0]
     total = sum(p["goodput_bps"] for p in run["per_algorithm"].values())
-    assert 0.95 * 2e6 * max(0.0, 1 - stolen_s / window_s) <= link <= 2e6 * 1.03, (link, stolen_s, window_s)
+    assert 0.95 * 2e6 * machine_share(this_test=True) <= link <= 2e6 * 1.03, link
     assert 0.5 * link * 1448 / 1514 <= total <= link * 1448 / 1514, (total, link)
     small, big = run["downloads"]
     # cubic and reno drop 7-8% here (86-94 of ~1200 packets): the 5 KB took 0.14-1.57 s in four runs
@@ -257,7 +253,70 @@ traffic:
     link = run["link_window_bps"]  # layer 2, what left the router towards the receiver
     per_algorithm = sum(p["goodput_bps"] for p in run["per_algorithm"].values())
     assert per_algorithm == pytest.approx(run["goodput_bps"])
-    # payload can never exceed the wire; the wire never exceeds the shaper (tbf's bucket: a few frames)
+    # payload can never exceed the wire; the wire never exceeds the shaper (tbf's bucket: 4 ms of the rate)
     assert per_algorithm <= link <= 10e6 * 1.03, (per_algorithm, link)
     # and it is the link's traffic, not a fraction of it: 1448 of every 1514 bytes are TCP payload
     assert per_algorithm >= 0.9 * link * 1448 / 1514, (per_algorithm, link)
+
+
+def test_prague_serves_downloads_as_ect1_into_the_l_queue(ccscope_cmd, tmp_path, host):
+    """The download server runs the mix's first algorithm (traffic.run_traffic), and where that is prague its
+    data leave as ECT(1) too (send_ect1 on the server's source port): DualPI2 serves them from L. Where it is cubic
+    with classic ECN, they leave as ECT(0) and go to C. Downloads only, so the up link carries nothing else but
+    their handshakes and ends (Not-ECT: C): every data segment of prague's transfers in L, none of cubic's."""
+    doc = _run_file(ccscope_cmd, tmp_path, """
+name: ect1-downloads
+algorithms: [prague, cubic]
+runs: 1
+profiles:
+  l4s: {rate: 20mbit, delay: 10ms, ecn: on, up: {aqm: dualpi2}}
+traffic:
+  bulk: false
+  downloads: {sizes: [100KB, 300KB], timeout: 5s}
+""")
+    runs = {run["algorithms"]: run for run in doc["runs"]}
+    for run in runs.values():
+        assert not run["errors"] and [d["complete"] for d in run["downloads"]] == [True, True], run["downloads"]
+        assert run["link"]["up"]["aqm_drops"] == run["link"]["up"]["queue_drops"] == 0, run["link"]["up"]
+    # at least a full segment's worth each (MSS 1448 with timestamps); at most one short segment more per write of
+    # the server's (fetch.CHUNK, 64 KiB), and two that a loss probe sent again. Measured: 284 in L of 285 packets,
+    # against 278 segments' worth and 7 writes, in three runs; the one in C a handshake's (Not-ECT)
+    sizes = [d["size_bytes"] for d in runs["prague"]["downloads"]]
+    segments = sum(math.ceil(size / 1448) for size in sizes)
+    writes = sum(math.ceil(size / len(fetch.CHUNK)) for size in sizes)
+    up = runs["prague"]["link"]["up"]
+    assert segments <= up["sojourn_l"]["count"] <= segments + writes + 2, (segments, writes, up)
+    cubic = runs["cubic"]["link"]["up"]
+    assert "sojourn_l" not in cubic and cubic["sojourn"]["count"] >= segments, cubic  # every packet in C
+
+
+def test_prague_sends_ect1_and_dualpi2_keeps_classic_ecn_out_of_its_l_queue(ccscope_cmd, tmp_path, host):
+    """L4S's identifier end to end under RFC 9332's classifier (ecn_mask l4s_ect, the default): prague's data
+    leave the sender as ECT(1) (its kernel sends ECT(0); a rule on the sender namespace's egress rewrites it),
+    cubic's with classic ECN as ECT(0). The delay line's L queue served exactly the packets that rule rewrote
+    (the kernel's counter of the rule against the delay line's own count), and cubic's went to C, where
+    `any_ect` would have put them in L too. cubic first: every handshake runs under the namespace's default (the
+    first algorithm), and under prague's cubic's connection would end with no ECN (docs/congestion-control.md);
+    under cubic's, with `ecn: on`, both negotiate classic ECN and prague keeps it."""
+    [run] = _run_file(ccscope_cmd, tmp_path, """
+name: ect1
+algorithms: [[cubic, prague]]
+duration: 5s
+warmup: 1s
+runs: 1
+profiles:
+  l4s: {rate: 20mbit, delay: 10ms, ecn: on, up: {aqm: dualpi2}}
+traffic:
+  bulk: {flows: 1}
+""")["runs"]
+    assert not run["errors"], run["errors"]
+    flows = {f["algorithm"]: f for f in run["flows"]}
+    up = run["link"]["up"]
+    assert flows["prague"]["ecn"] == flows["cubic"]["ecn"] == "ecn", flows
+    assert "ect1_packets" not in flows["cubic"]
+    ect1 = flows["prague"]["ect1_packets"]
+    # no packet was lost on the way (sojourns count what the link sent); 1749 of 1749 in three runs
+    assert up["aqm_drops"] == up["queue_drops"] == 0, up
+    assert ect1 > 300 and up["sojourn_l"]["count"] == ect1, (ect1, up)
+    # cubic's segments (TCP_INFO's segs_out) all went to C (none was dropped, above)
+    assert up["sojourn_c"]["count"] >= flows["cubic"]["segments_sent"], (flows["cubic"], up)

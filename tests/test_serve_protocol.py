@@ -13,7 +13,7 @@ from ccscope.serve import protocol
 
 GREETING = {"ccscope_serve": protocol.VERSION, "ports": [5201, 5216], "max_seconds": 120, "telemetry": True,
             "auth": "token", "nonce": "0123456789abcdef" * 2}
-ROW = [100.0, 10, 0.02, 0, 1448, 2896, None, 0.01, 2, 1e6, "open", "cubic", 1, 1448]
+ROW = [100.0, 10, 0.02, 0, 1448, 2896, None, 0.01, 2, 1e6, "open", "cubic", 1, 1448, 2, 1]
 
 
 def test_a_good_greeting_is_read_as_sent():
@@ -76,7 +76,7 @@ def test_a_sample_row_is_typed_and_bounded():
     s = Sample.from_row(ROW, shift_s=2.5)
     assert s.t == 102.5 and s.cwnd_segments == 10 and s.ssthresh_segments is None and s.cc == "cubic"
     edges = {1: ((1 << 32) - 1, 1 << 32), 2: (4294.9, 4295.0), 4: ((1 << 63) - 1, 1 << 63),
-             12: (255, 256), 13: (65535, 65536)}
+             12: (255, 256), 13: (65535, 65536), 14: ((1 << 32) - 1, 1 << 32), 15: ((1 << 32) - 1, 1 << 32)}
     for index, (last_good, first_bad) in edges.items():
         Sample.from_row([*ROW[:index], last_good, *ROW[index + 1:]])
         with pytest.raises(ValueError, match="is out of range"):
@@ -86,7 +86,7 @@ def test_a_sample_row_is_typed_and_bounded():
         with pytest.raises(ValueError, match="is out of range"):
             Sample.from_row([*ROW[:index], bad, *ROW[index + 1:]])
     for row in (ROW[:-1], [*ROW, 0], "row", {"t": 1}):
-        with pytest.raises(ValueError, match="fields, not 14"):
+        with pytest.raises(ValueError, match="fields, not 16"):
             Sample.from_row(row)
 
 

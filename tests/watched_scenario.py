@@ -39,6 +39,7 @@ class WatchedScenario:
     labelled: set[tuple[str, str]] = field(default_factory=set)  # (profile, algorithm) of flows on /metrics
     page: dict[str, Any] = field(default_factory=dict)  # what the live page showed, by moment
     left_behind: str = ""  # HostSnapshot's complaint after the run, if any
+    ran: tuple[float, float] = (0.0, 0.0)  # when the scenario started and ended (time.monotonic)
 
 
 def require_prerequisites() -> None:
@@ -58,6 +59,7 @@ def watch(directory: Path) -> WatchedScenario:
     argv = [sys.executable, "-m", "ccscope.cli", "scenario", "wired-vs-wireless", "--quick", "--duration",
             f"{FLOW_SECONDS}s", "--out", str(run.out), "--listen", f"127.0.0.1:{port}"]
     snapshot = HostSnapshot.take()
+    started = time.monotonic()
     with stdout.open("w") as out_file, stderr.open("w") as err_file:
         proc = subprocess.Popen(argv, stdout=out_file, stderr=err_file, text=True)
     done = threading.Event()
@@ -70,6 +72,7 @@ def watch(directory: Path) -> WatchedScenario:
         done.set()
         stop_process(proc, timeout=30)
         scraper.join(timeout=10)
+        run.ran = (started, time.monotonic())
     run.stdout, run.stderr = stdout.read_text(), stderr.read_text()
     try:
         snapshot.assert_unchanged()
