@@ -67,8 +67,8 @@ def test_report_and_merge_stand_without_the_runner() -> None:
 
 # The layers of docs/architecture.md, lowest first: a module may import its own layer and those below.
 LAYERS = (
-    {"ccscope", "errors", "units", "safe_input", "hosttools", "libbpf", "bpf_types", "exposition", "flowscan",
-     "linewriter", "otlp_http"},
+    {"ccscope", "errors", "units", "safe_input", "hosttools", "libbpf", "ringbuf", "bpf_types", "exposition",
+     "flowscan", "linewriter", "otlp_http"},
     {"host"},
     {"telemetry", "cc", "attribution", "flows", "tracejson", "sample", "loader", "ccstate", "exporter",
      "metrics_endpoint", "web", "live", "otlp"},

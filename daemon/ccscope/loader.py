@@ -17,6 +17,7 @@ from . import bpf_types as bt
 from .errors import BpfError, PrerequisiteError
 from .flowscan import RECORD_BYTES, FlowColumns
 from .libbpf import Libbpf, RingBuffer
+from .ringbuf import MappedRing, open_ring
 
 PROGRAMS = ("tcp_probe", "tcp_retransmit_skb", "inet_sock_set_state")
 # tcp_probe is built twice from the same code (bpf/ccscope.bpf.c): `tcp_probe` reads the socket through the kfunc
@@ -401,12 +402,12 @@ class TelemetryProbe:
             totals[counter] = sum(values)
         return totals
 
-    def ring_buffer(self, handler: Callable[[list], None], raw: bool = False) -> RingBuffer:
+    def ring_buffer(self, handler: Callable[[list], None], raw: bool = False) -> MappedRing | RingBuffer:
         """Samples reach `handler` once per poll, as a list of bt.FlowTuple (fields named as in struct flow), or
         with raw=True as the records' bytes (for consumers that skip most samples before unpacking them)."""
         if raw:
-            return RingBuffer(self.libbpf, self._maps["samples"], handler)
-        return RingBuffer(self.libbpf, self._maps["samples"], lambda records: handler(bt.unpack_flows(records)))
+            return open_ring(self.libbpf, self._maps["samples"], handler)
+        return open_ring(self.libbpf, self._maps["samples"], lambda records: handler(bt.unpack_flows(records)))
 
     def _iterate(self, name: str, key_type: type, value_type: type) -> list[tuple]:
         lib, fd = self.libbpf.lib, self._maps[name]

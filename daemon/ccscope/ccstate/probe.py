@@ -17,6 +17,7 @@ from pathlib import Path
 from ..errors import BpfError, PrerequisiteError
 from ..libbpf import Libbpf, RingBuffer
 from ..loader import REBUILD, check_map_layouts, kernel_has_function, open_options
+from ..ringbuf import MappedRing, open_ring
 from .decoders import AlgorithmState, decode
 from .record import MAP_LAYOUTS, CcState, CcStateConfig, u32, u64
 
@@ -98,9 +99,9 @@ class StateProbe:
                     found[cookie] = state
         return found
 
-    def changes(self, handler: Callable[[list[bytes]], None]) -> RingBuffer:
+    def changes(self, handler: Callable[[list[bytes]], None]) -> MappedRing | RingBuffer:
         """Every change of a flow's key (changes.py reads the records), once per poll."""
-        return RingBuffer(self.libbpf, self._changes_fd, handler)
+        return open_ring(self.libbpf, self._changes_fd, handler)
 
     def raw(self, cookie: int) -> CcState | None:
         """The kernel's record as it is (tests compare it with the kernel's own formulas)."""
