@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from ccscope.scenario.analysis import mean_ci95
-from ccscope_testkit.bench import CLK_TCK, Row, conditions, cpu_seconds
+from ccscope_testkit.bench import CLK_TCK, Row, conditions, cpu_ns, cpu_seconds
 from ccscope_testkit.cgroups import cgroup_tree, kubepods_systemd, pod_logs
 from ccscope_testkit.net import CCSCOPE, ROOT, daemon, held_prog_ids, netns, netns_inode, stop_process
 
@@ -692,11 +692,11 @@ def _trace_window(ns: str, seconds: float) -> tuple[float, float, float]:
         time.sleep(1.5)  # loaded and attached
         ids = prog_ids(trace.pid)
         bpf0 = sum(v[0] for v in prog_stats(ids).values())
-        cpu0, t0 = cpu_seconds(trace.pid), time.monotonic()
+        cpu0, t0 = cpu_ns(trace.pid), time.monotonic()
         samples = 0
         while time.monotonic() - t0 < seconds:
             samples += os.read(trace.stdout.fileno(), 1 << 20).count(b"\n")
-        cpu1, t1 = cpu_seconds(trace.pid), time.monotonic()
+        cpu1, t1 = cpu_ns(trace.pid), time.monotonic()
         bpf1 = sum(v[0] for v in prog_stats(ids).values())
     finally:
         trace.send_signal(signal.SIGINT)
@@ -706,7 +706,7 @@ def _trace_window(ns: str, seconds: float) -> tuple[float, float, float]:
             trace.kill()
             trace.wait()
     bpf = (bpf1 - bpf0) / 1e9 / (t1 - t0)
-    return (cpu1 - cpu0) / (t1 - t0) + bpf, bpf, samples / (t1 - t0)
+    return (cpu1 - cpu0) / 1e9 / (t1 - t0) + bpf, bpf, samples / (t1 - t0)
 
 
 def bench_vs_ss(pairs: int, seconds: float, streams: int) -> Row:
