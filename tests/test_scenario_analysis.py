@@ -120,3 +120,52 @@ def test_a_reused_local_port_gives_the_data_connections_series() -> None:
     data = FlowSeries(2, "192.0.2.2", 56674, "198.51.100.2", 5201, [sample(10.0 + i, 400_000 * i) for i in range(20)])
     flow = BulkFlow(index=0, algorithm="cubic", port=5201, start_offset_s=0.0, local_port=56674)
     assert bulk_series(flow, {1: check, 2: data}) is data
+
+
+def _l4s_run(mix: str, l_p99: float | None, c_median: float | None, flows: list[dict]) -> dict:
+    up = {"sojourn": {"median_ms": 1.0, "p95_ms": 2.0}}
+    up["sojourn_l"] = None if l_p99 is None else {"count": 10, "median_ms": 0.5, "p95_ms": 0.8, "p99_ms": l_p99}
+    up["sojourn_c"] = None if c_median is None else {"count": 10, "median_ms": c_median, "p95_ms": 20.0,
+                                                     "p99_ms": 22.0}
+    per = {alg: {"goodput_bps": 1e6, "srtt_ms": {"mean": 20.0, "median": 20.0, "p95": 25.0},
+                 "retransmit_ratio": 0.0, "algorithm_ok": True} for alg in mix.split("+")}
+    return {"profile": "dualpi2", "algorithms": mix, "per_algorithm": per, "ping": None, "link": {"up": up},
+            "jain": None, "flows": flows, "downloads": []}
+
+
+def test_a_dualpi2_bottleneck_reports_each_queue_and_the_ect1_share() -> None:
+    """The summary's L p99 and C median are the runs' own sojourns, averaged: prague alone leaves C empty (no
+    value, not a zero), and cubic alone leaves L empty. ECT(1) is the router's count over the sender's data
+    segments, only for flows that were rewritten."""
+    from ccscope.scenario import summary
+
+    prague = {"algorithm": "prague", "ecn": "ecn", "ce_fraction": 0.05, "segments_sent": 1000}
+    cubic = {"algorithm": "cubic", "ecn": "off", "segments_sent": 1000}
+    runs = [_l4s_run("prague", 0.9, None, [{**prague, "ect1_packets": 1000}]),
+            _l4s_run("prague", 1.1, None, [{**prague, "ect1_packets": 990}]),
+            _l4s_run("cubic", None, 14.0, [cubic]),
+            _l4s_run("prague+cubic", 1.3, 15.0, [{**prague, "ect1_packets": 1002}, cubic])]
+    rows = {(r["algorithms"], r["algorithm"]): r
+            for r in analysis.summarize(runs, ["dualpi2"], ["prague", "cubic", "prague+cubic"])}
+    alone = rows[("prague", "prague")]
+    assert alone["l_queue_p99_ms"]["mean"] == pytest.approx(1.0) and alone["l_queue_p99_ms"]["n"] == 2
+    assert alone["c_queue_median_ms"]["n"] == 0
+    assert alone["ect1_share"]["mean"] == pytest.approx(0.995)
+    assert rows[("cubic", "cubic")]["c_queue_median_ms"]["mean"] == 14.0
+    assert "ect1_share" not in rows[("cubic", "cubic")]
+    assert rows[("prague+cubic", "prague")]["ect1_share"]["mean"] == pytest.approx(1.002)
+    assert "ect1_share" not in rows[("prague+cubic", "cubic")]
+    assert rows[("prague+cubic", "cubic")]["l_queue_p99_ms"]["mean"] == 1.3  # the queue's, whoever's row
+
+    doc = {"scenario": {"name": "l4s"}, "summary": list(rows.values()), "runs_per_unit": 2, "complete": True,
+           "display_names": {}}
+    header, *lines = summary.summary_table(doc).strip().splitlines()[1:]
+    assert "L queue p99 ms" in header and "C queue p50 ms" in header and "ECT(1) %" in header
+    assert "99.5" in lines[0]  # prague alone: its ECT(1) share, in percent
+
+
+def test_a_link_without_dualpi2_has_no_queue_columns() -> None:
+    run = _l4s_run("cubic", None, None, [{"algorithm": "cubic", "ecn": "off", "segments_sent": 10}])
+    del run["link"]["up"]["sojourn_l"], run["link"]["up"]["sojourn_c"]
+    (row,) = analysis.summarize([run], ["dualpi2"], ["cubic"])
+    assert "l_queue_p99_ms" not in row and "c_queue_median_ms" not in row and "ect1_share" not in row

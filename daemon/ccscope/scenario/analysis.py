@@ -292,6 +292,7 @@ def summarize(runs: list[dict], profile_order: list[str], mix_order: list[str]) 
         })
         _add_ecn(rows[-1], [f for run, _ in items for f in run["flows"] if f["algorithm"] == alg])
         _add_l4s_ping(rows[-1], [run for run, _ in items])
+        _add_dualpi2_queues(rows[-1], [run for run, _ in items])
     _add_harm(rows, groups)
     return rows
 
@@ -304,6 +305,26 @@ def _add_l4s_ping(row: dict, runs: list[dict]) -> None:
                                                     for run in runs])
 
 
+def _add_dualpi2_queues(row: dict, runs: list[dict]) -> None:
+    """Where the data direction's bottleneck was a DualPI2 (its L queue counted apart): the L queue's p99 sojourn
+    and the C queue's median, over the runs, each from the packets that queue served (a queue that served none in
+    a run, as C beside prague alone, counts no value there)."""
+    ups = [((run.get("link") or {}).get("up") or {}) for run in runs]
+    if any("sojourn_l" in up for up in ups):
+        row["l_queue_p99_ms"] = mean_ci95([(up.get("sojourn_l") or {}).get("p99_ms") for up in ups])
+        row["c_queue_median_ms"] = mean_ci95([(up.get("sojourn_c") or {}).get("median_ms") for up in ups])
+
+
+def ect1_share(flow: dict) -> float | None:
+    """How much of an L4S sender's data reached the bottleneck as ECT(1): Testbed.send_ect1's count at the router
+    over the flow's segments' worth of bytes sent (TCP_INFO's bytes_sent / MSS). Near 1, not exactly: iperf3's
+    control connection to the port adds a few packets, a write's last short segment is a packet of its own, and
+    retransmissions leave without ECN. None for a flow that was not rewritten."""
+    if "ect1_packets" not in flow or not flow.get("segments_sent"):
+        return None
+    return flow["ect1_packets"] / flow["segments_sent"]
+
+
 def _add_ecn(row: dict, flows: list[dict]) -> None:
     """What the algorithm's flows negotiated (`ecn`: "ecn", or "off/ecn" where runs differed) and, where any
     negotiated ECN, the fraction of their delivered packets fed back as CE, over the runs."""
@@ -312,6 +333,8 @@ def _add_ecn(row: dict, flows: list[dict]) -> None:
         row["ecn"] = "/".join(modes)
     if any(mode != "off" for mode in modes):
         row["ce_fraction"] = mean_ci95([f.get("ce_fraction") for f in flows])
+    if any("ect1_packets" in f for f in flows):
+        row["ect1_share"] = mean_ci95([ect1_share(f) for f in flows])
 
 
 def _add_harm(rows: list[dict], groups: dict[tuple[str, str, str], list[tuple[dict, dict]]]) -> None:

@@ -209,6 +209,11 @@ class SummaryRow(TypedDict):
     # the ECT(1) ping's RTT, where the runs had one (traffic.ping.l4s)
     ping_l4s_median_ms: NotRequired[Interval]
     ping_l4s_p95_ms: NotRequired[Interval]
+    # a DualPI2 bottleneck's two queues: L's p99 sojourn, C's median (analysis._add_dualpi2_queues)
+    l_queue_p99_ms: NotRequired[Interval]
+    c_queue_median_ms: NotRequired[Interval]
+    # how much of an L4S sender's data reached the bottleneck as ECT(1) (analysis.ect1_share)
+    ect1_share: NotRequired[Interval]
     # competing sets only
     share: NotRequired[Interval]
     convergence_s: NotRequired[Interval]

@@ -68,8 +68,11 @@ COLUMNS = (("profile", lambda r: r["profile"]),
            ("queue p50 ms", lambda r: ci(r["queue_delay_median_ms"], digits=1) if r.get("queue_delay_median_ms")
             else "-"),
            ("queue p95 ms", lambda r: ci(r["queue_delay_p95_ms"], digits=1) if r.get("queue_delay_p95_ms") else "-"),
+           ("L queue p99 ms", lambda r: ci(r["l_queue_p99_ms"], digits=2) if r.get("l_queue_p99_ms") else "-"),
+           ("C queue p50 ms", lambda r: ci(r["c_queue_median_ms"], digits=1) if r.get("c_queue_median_ms") else "-"),
            ("ecn", lambda r: r["ecn"] if r.get("ecn", "off") != "off" else "-"),  # "-": no ECN, or not known
            ("CE %", lambda r: ci(r["ce_fraction"], pct=True) if r.get("ce_fraction") else "-"),
+           ("ECT(1) %", lambda r: ci(r["ect1_share"], pct=True, digits=1) if r.get("ect1_share") else "-"),
            ("retrans %", lambda r: ci(r["retransmit_ratio"], pct=True)),
            ("link drop %", lambda r: ci(r["link_drop_ratio"], pct=True)),
            ("jain", lambda r: ci(r["jain"], digits=3)),
