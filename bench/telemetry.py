@@ -686,7 +686,7 @@ def _ss_window(ns: str, seconds: float) -> tuple[float, float, float]:
 
 def _trace_window(ns: str, seconds: float) -> tuple[float, float, float]:
     """(CPU fraction of `ccscope trace` plus its BPF programs' run time, the BPF part alone, samples/s)."""
-    trace = subprocess.Popen([*CCSCOPE, "trace", "--sample-interval", "10ms", "--json", "--netns",
+    trace = subprocess.Popen([*CCSCOPE, "trace", "--sample-interval", "10ms", "--json", "--state", "--netns",
                               str(netns_inode(ns))], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=ROOT)
     try:
         time.sleep(1.5)  # loaded and attached
@@ -740,8 +740,8 @@ def bench_vs_ss(pairs: int, seconds: float, streams: int) -> Row:
                f"20 Mbit/s each; ss: {mean_text(ss_cpu, 1, 100, ' %')} of a core "
                f"({statistics.mean(polls):.0f} polls/s, {lines:.0f} lines/poll); ccscope trace: "
                f"{mean_text(trace_cpu, 2, 100, ' %')} of a core, of which BPF programs "
-               f"{mean_text(bpf_cpu, 2, 100, ' %')} ({statistics.mean(rates):.0f} samples/s as JSON, "
-               f"{mean_text(us_per_sample, 1, unit=' us')} of process CPU per sample); per-pair ratios "
+               f"{mean_text(bpf_cpu, 2, 100, ' %')} ({statistics.mean(rates):.0f} JSON lines/s, samples and state "
+               f"changes, {mean_text(us_per_sample, 1, unit=' us')} of process CPU per line); per-pair ratios "
                f"{', '.join(f'{r:.1f}' for r in ratios)}")
 
 
