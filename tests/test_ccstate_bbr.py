@@ -136,16 +136,22 @@ def test_every_probe_rtt_is_counted(link: Link) -> None:
     trace = subprocess.Popen([*CCSCOPE, "trace", "--json", "--state", "--port", str(PORT), "--duration", "50s"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert wait_for(lambda: held_link_count(trace.pid) >= TRACE_LINKS, 10), "trace never attached"
-    client = _peer(link, link.a, "bulk", link.addr_b, str(PORT), "bbr", "40")
     episodes, in_probe_rtt, cwnds, ended = 0, False, [], None
+    polls: list[tuple[float, float, bool]] = []  # each ss poll's start and end (monotonic s), in probe_rtt or not
+    client = None
     try:
+        # attached before the flow starts: attached after, its first copy (uncounted) was of a flow already past
+        # startup (a 40 us path leaves it in ms), and it counted one mode change fewer than the trace showed
         with StateProbe(interval_ns=50_000_000) as probe:  # a long interval: the change itself must be copied
+            client = _peer(link, link.a, "bulk", link.addr_b, str(PORT), "bbr", "40")
             cookie = int(client.stdout.readline())
             while client.poll() is None and (ended is None or time.monotonic() - ended < 1):
+                started = time.monotonic()
                 out = link.ns(link.a, "ss", "-tinH", "dport", "=", f":{PORT}", check=False).stdout
                 found = SS_BBR.search(out)
                 if found:
                     now = float(found.group(5)) == 1.0
+                    polls.append((started, time.monotonic(), now))
                     episodes += now and not in_probe_rtt
                     if in_probe_rtt and not now:
                         ended = time.monotonic()
@@ -158,8 +164,9 @@ def test_every_probe_rtt_is_counted(link: Link) -> None:
         lines, err = trace.communicate(timeout=15)
     finally:
         for proc in (client, server, trace):
-            proc.kill()
-            proc.wait()
+            if proc is not None:
+                proc.kill()
+                proc.wait()
     assert episodes == 1, (episodes, state)
     assert state.probe_rtt_entries == episodes, state
     assert min(cwnds) <= 4, cwnds
@@ -170,6 +177,8 @@ def test_every_probe_rtt_is_counted(link: Link) -> None:
     assert modes[0] == "startup" and modes[1:3] in (["drain", "probe_bw"], ["probe_bw", "probe_rtt"]), (modes, err)
     assert modes.count("probe_rtt") == episodes and len(modes) - 1 == state.mode_changes, (modes, state)
     assert all(a != b for a, b in itertools.pairwise(modes)), modes  # changes, never repeats
+    _assert_probe_rtt_lasted(changes, [line["time"] for line in map(json.loads, lines.splitlines())
+                                       if line.get("event") == "state_change" and line["cookie"] == cookie], polls)
     # each with its mode's gains, but one: bbr_cwnd_event's CA_EVENT_TX_START (a send after the flow went idle,
     # app-limited; a CI run at 14 % steal stalled the sender so) ends PROBE_RTT through bbr_check_probe_rtt_done
     # outside bbr_main, so probe_bw keeps probe_rtt's gains (1.0, 1.0) until the next ACK's bbr_update_gains
@@ -178,3 +187,22 @@ def test_every_probe_rtt_is_counted(link: Link) -> None:
         left_probe_rtt = (before["mode"], change["mode"]) == ("probe_rtt", "probe_bw")
         assert bbr_gains_match(change["mode"], *gains) or (left_probe_rtt and bbr_gains_match("probe_rtt", *gains)), \
             change
+
+
+def _assert_probe_rtt_lasted(changes: list[dict], times: list[float], polls: list[tuple[float, float, bool]]) -> None:
+    """PROBE_RTT's length in the trace's change events: at least the kernel's 200 ms (tcp_bbr.c sets
+    probe_rtt_done_stamp 200 ms after inflight first falls to 4, and leaves after it and a round), and inside
+    what `ss` saw. Its polls that showed probe_rtt's gains lie within the episode, so it lasted at least from the
+    first one's end to the last one's start; the polls either side of them did not, so it lasted at most from
+    the one before's start to the one after's end. A change is copied on the segment after it: at cwnd 4 on this
+    path (RTT ~40 us) that is a few ms at most, the slack allowed. Measured in 6 runs: 201-208 ms, inside ss's
+    bounds of 136-158 ms and 258-292 ms."""
+    entered = next(t for change, t in zip(changes, times, strict=True) if change["mode"] == "probe_rtt")
+    left = next(t for change, t in zip(changes, times, strict=True) if t > entered and change["mode"] != "probe_rtt")
+    lasted = left - entered
+    seen = [i for i, (_, _, now) in enumerate(polls) if now]
+    first, last = seen[0], seen[-1]
+    at_least = polls[last][0] - polls[first][1]
+    at_most = polls[min(last + 1, len(polls) - 1)][1] - polls[max(first - 1, 0)][0]
+    slack = 0.005
+    assert lasted >= 0.2 - slack and at_least - slack <= lasted <= at_most + slack, (lasted, at_least, at_most)
