@@ -5,6 +5,7 @@ TCPLossProbes (tail-loss probes); and their sum against Tcp RetransSegs."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -16,7 +17,7 @@ import pytest
 from ccscope.bpf_types import RetransCause
 from ccscope.flows import decode
 from ccscope.loader import ProbeOptions, TelemetryProbe
-from ccscope_testkit.net import Link, wait_for
+from ccscope_testkit.net import CCSCOPE, Link, wait_for
 from ccscope_testkit.prereqs import require_bpf_object, require_root, require_tools
 
 PEER = str(Path(__file__).with_name("ccstate_peer.py"))
@@ -141,11 +142,28 @@ def _assert_only_acked(end: End) -> None:
 
 
 def test_random_loss_is_fast_retransmit(link: Link) -> None:
+    """Also `ccscope flows --json` while the flow runs: its own probe met the flow late, so it counts part of
+    the flow's fast retransmits, never more than the flow's total so far, and nothing else."""
     link.drop_randomly(PORT, 0.01)
-    sender, receiver = _run(link, "bulk", 3)
+    shown: list[dict] = []
+
+    def flows_meanwhile() -> None:
+        out = subprocess.run([*CCSCOPE, "flows", "--once", "--json", "--interval", "1s", "--netns",
+                              str(link.inode_a), "--port", str(PORT)], capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        shown.extend(json.loads(out.stdout))
+
+    # 7 s: the CLI starts (about 1.5 s here), loads its BPF and waits its 1 s interval within the flow's life; one
+    # the flow outlived would show it closed, that is nothing. With a 4 s flow the first run after a bootstrap
+    # failed, once (its cause not kept), and 16 runs after it passed.
+    sender, receiver = _run(link, "bulk", 7, flows_meanwhile)
     _assert_sum(sender)
     _assert_only_acked(receiver)
     assert sender.causes[RetransCause.FAST] >= sender.moved["TcpExt.TCPFastRetrans"] > 20, sender
+    assert len(shown) == 1, shown
+    [flow] = shown
+    causes = flow["retransmits_by_cause"]
+    assert 0 < causes["fast"] == sum(causes.values()) <= flow["retransmits"], flow
 
 
 def test_a_blackhole_is_rto(link: Link) -> None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import math
 
 import pytest
+from ccscope.bpf_types import RetransCause
 from ccscope.scenario import analysis
+from ccscope.scenario.document import RetransmitCauses
 
 
 def test_percentile_interpolates_between_order_statistics():
@@ -169,3 +171,8 @@ def test_a_link_without_dualpi2_has_no_queue_columns() -> None:
     del run["link"]["up"]["sojourn_l"], run["link"]["up"]["sojourn_c"]
     (row,) = analysis.summarize([run], ["dualpi2"], ["cubic"])
     assert "l_queue_p99_ms" not in row and "c_queue_median_ms" not in row and "ect1_share" not in row
+
+
+def test_the_results_causes_are_the_kernel_sides() -> None:
+    """results.json's retransmits_by_cause has a key per cause the BPF side counts, named as Prometheus's label."""
+    assert list(RetransmitCauses.__annotations__) == [cause.name.lower() for cause in RetransCause]

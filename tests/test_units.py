@@ -237,6 +237,14 @@ def test_format_flows_table() -> None:
     assert row[-3:] == ["7", "-", "-"]  # retransmits; this record names no process, and no cgroup resolver
 
 
+def test_format_flows_says_why_each_flow_retransmitted() -> None:
+    first, second = (decode(raw_flow(saddr="192.0.2.1", daddr="192.0.2.2", cookie=c)) for c in (1, 2))
+    lines = format_flows([first, second], causes={1: {bt.RetransCause.RTO: 0, bt.RetransCause.FAST: 12,
+                                                      bt.RetransCause.TLP: 3, bt.RetransCause.OTHER: 0}}).splitlines()
+    assert lines[0].split()[-2:] == ["WHY", "RETRANS"]
+    assert lines[1].split()[-1] == "fast:12,tlp:3" and lines[2].split()[-1] == "-"  # none counted: none shown
+
+
 def test_trace_line_text() -> None:
     raw = raw_flow(saddr="192.0.2.1", daddr="192.0.2.2", last_ns=5_000_000_000, event=3, closed_ns=9)
     text = _trace_text(decode(raw), 1000.0).decode()

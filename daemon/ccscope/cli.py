@@ -294,14 +294,34 @@ def _close_live(live) -> None:
 # --- flows -----------------------------------------------------------------------------------------
 
 
+RetransmitCauses = Mapping[int, Mapping[bt.RetransCause, int]]  # loader.retransmit_causes(): cookie -> counts
+
+
 def format_flows(flows: list[FlowRecord], attributor: Attributor | None = None,
-                 states: Mapping[int, AlgorithmState] | None = None) -> str:
-    """The table; with `states`, a last column of each algorithm's own state as `ss -i` words it."""
+                 states: Mapping[int, AlgorithmState] | None = None, causes: RetransmitCauses | None = None) -> str:
+    """The table; with `causes`, a column of why each flow retransmitted; with `states`, a last column of each
+    algorithm's own state as `ss -i` words it."""
     columns = (*FLOW_COLUMNS, *attribution_columns(attributor))
-    header = "  ".join(f"{c.title:{c.spec}}" for c in columns) + ("  ALGORITHM STATE" if states is not None else "")
+    header = ("  ".join(f"{c.title:{c.spec}}" for c in columns) +
+              (f"  {'WHY RETRANS':<{CAUSES_WIDTH}}" if causes is not None else "") +
+              ("  ALGORITHM STATE" if states is not None else ""))
     rows = ["  ".join(f"{c.text(f):{c.spec}}" for c in columns) +
+            (f"  {_causes_cell(causes.get(f.cookie)):<{CAUSES_WIDTH}}" if causes is not None else "") +
             (f"  {states[f.cookie].summary()}" if states and f.cookie in states else "") for f in flows]
     return "\n".join(line.rstrip() for line in [header, *rows])
+
+
+CAUSES_WIDTH = 24
+
+
+def _causes_cell(counts: Mapping[bt.RetransCause, int] | None) -> str:
+    """The causes a flow retransmitted for since ccscope met it, e.g. fast:12,tlp:3; - for none."""
+    return ",".join(f"{cause.name.lower()}:{n}" for cause, n in (counts or {}).items() if n) or "-"
+
+
+def _causes_dict(counts: Mapping[bt.RetransCause, int] | None) -> dict[str, int]:
+    """`ccscope flows --json`'s retransmits_by_cause: every cause, 0 where the flow had none."""
+    return {cause.name.lower(): (counts or {}).get(cause, 0) for cause in bt.RetransCause}
 
 
 def _attributed(data: dict, attributor: Attributor | None) -> dict:
@@ -337,14 +357,16 @@ def cmd_flows(args: argparse.Namespace) -> int:
             if attributor:
                 attributor.refresh()
             states = state_probe.states([f.cookie for f in shown]) if state_probe else None
+            causes = session.probe.retransmit_causes([f.cookie for f in shown])
             if args.json:
-                print(json.dumps([_attributed(_with_state(f.as_dict(), states), attributor) for f in shown]),
+                print(json.dumps([_attributed(_with_state(f.as_dict(), states), attributor) |
+                                  {"retransmits_by_cause": _causes_dict(causes.get(f.cookie))} for f in shown]),
                       flush=True)
             else:
                 if live:
                     print("\033[H\033[2J", end="")
-                print(f"{len(flows)} flows, sorted by {args.sort} "
-                      f"({time.strftime('%H:%M:%S')})\n{format_flows(shown, attributor, states)}", flush=True)
+                print(f"{len(flows)} flows, sorted by {args.sort} ({time.strftime('%H:%M:%S')})\n"
+                      f"{format_flows(shown, attributor, states, causes)}", flush=True)
             if args.once or stop.wait(interval):
                 return 0
 

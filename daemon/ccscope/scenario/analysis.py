@@ -202,7 +202,7 @@ def windowed_throughput(times_s: Sequence[float], acked: Sequence[int], window_s
 def empty_flow() -> dict:
     return {"algorithm_kernel": None, "cookie": None, "sport": None, "dport": None, "samples": 0,
             "goodput_bps": None, "goodput_common_bps": None, "window_s": None, "srtt_ms": summary([]),
-            "retransmits": None, "spurious_retransmits": None,
+            "retransmits": None, "spurious_retransmits": None, "retransmits_by_cause": None,
             "bytes_acked": None, "bytes_sent": None, "segments_sent": None, "retransmit_ratio": None,
             "ecn": None, "delivered_ce_packets": None, "ce_fraction": None}
 
@@ -219,7 +219,8 @@ def flow_metrics(series, warmup_s: float, t0: float) -> tuple[dict, list[float]]
     return {"algorithm_kernel": series.cc, "cookie": series.cookie, "sport": series.sport, "dport": series.dport,
             "samples": len(samples), "goodput_bps": rate, "window_s": [round(start - t0, 4), round(end - t0, 4)],
             "srtt_ms": summary(srtts), "retransmits": last.retransmits,
-            "spurious_retransmits": series.spurious_retransmits, "bytes_acked": last.bytes_acked,
+            "spurious_retransmits": series.spurious_retransmits, "retransmits_by_cause": series.retransmits_by_cause,
+            "bytes_acked": last.bytes_acked,
             "bytes_sent": last.bytes_sent,
             "segments_sent": last.bytes_sent / last.mss_bytes if last.mss_bytes else None,
             "retransmit_ratio": retransmit_ratio(last.retransmits, last.bytes_sent, last.mss_bytes),

@@ -40,6 +40,14 @@ class Interval(TypedDict):
     stdev: NotRequired[float | None]
 
 
+class RetransmitCauses(TypedDict):
+    """A flow's retransmitted segments by cause, as the kernel side counted them (bt.RetransCause)."""
+    rto: int
+    fast: int
+    tlp: int
+    other: int
+
+
 class FlowResult(TypedDict):
     """One bulk flow of a run."""
     id: str
@@ -52,6 +60,7 @@ class FlowResult(TypedDict):
     srtt_ms: Summary
     retransmits: int | None
     spurious_retransmits: NotRequired[int | None]  # tcpi_dsack_dups: of those, the peer already had (DSACK)
+    retransmits_by_cause: NotRequired[RetransmitCauses | None]  # where ccscope's probe saw the sender
     retransmit_ratio: float | None
     samples: int
     goodput_common_bps: NotRequired[float | None]

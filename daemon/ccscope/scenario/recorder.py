@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ccscope.bpf_types import RetransCause
 from ccscope.ccstate.changes import ChangeReader, StateChange
 from ccscope.ccstate.decoders import TEXT_KEYS
 from ccscope.flows import decode
@@ -91,6 +92,8 @@ class FlowSeries:
     delivered_packets: int | None = None
     delivered_ce_packets: int | None = None
     spurious_retransmits: int | None = None
+    # the kernel side's count of its retransmitted segments by cause (bt.RetransCause, lower-cased), read at stop()
+    retransmits_by_cause: dict[str, int] | None = None
 
     @property
     def cc(self) -> str:
@@ -118,6 +121,7 @@ class Recorder:
         self._unmatched: OrderedDict[int, list[StateChange]] = OrderedDict()
         self._reader = ChangeReader()
         self._state_probe = session.state
+        self._probe = session.probe
         self._next_reading = time.monotonic()
         session.on_samples(self._on_samples)
         session.on_changes(self._on_changes)
@@ -183,7 +187,10 @@ class Recorder:
         time.sleep(0.2)  # the session's poll drains what is already in the buffer (it polls every 50 ms)
         with self._lock:
             flows, self._flows, self._netns = self._flows, {}, None
-        for series in flows.values():
+        causes = self._probe.retransmit_causes(flows.keys())  # a flow that retransmitted nothing has no entry
+        for cookie, series in flows.items():
             series.samples.sort(key=lambda s: s.t)
             series.states.sort(key=lambda c: c.time_ns)
+            series.retransmits_by_cause = {cause.name.lower(): causes.get(cookie, {}).get(cause, 0)
+                                           for cause in RetransCause}
         return flows
