@@ -9,11 +9,15 @@ X is the buffer in BDPs, q the buffer in packets, c the link in packets per seco
 seconds and N the number of BBR flows; 0.2 s is ProbeRTT's duration and 10 s its period. Packets are
 1500-byte frames: with them the model gives the paper's figures for 10 Mbit/s and 40 ms, 0.97, 0.78,
 0.63, 0.55 and 0.49 at 1, 2, 4, 8 and 16 BDP (tests/test_harm.py).
+
+And the rate balance DualPI2's coupling is meant to give an L4S flow against a classic one (RFC 9332):
+dualpi2_rate_balance.
 """
 
 from __future__ import annotations
 
 PACKET_BYTES = 1500
+PAYLOAD_SHARE = 1448 / 1514  # TCP payload in a full Ethernet frame: what goodput can reach of a link's rate
 
 
 def bbr_share(rate_bps: float, rtt_s: float, buffer_bdp: float, bbr_flows: int = 1) -> float:
@@ -24,6 +28,16 @@ def bbr_share(rate_bps: float, rtt_s: float, buffer_bdp: float, bbr_flows: int =
     q = buffer_bdp * c * rtt_s          # buffer in packets
     p = max(0.0, 0.5 - 1 / (2 * buffer_bdp) - 4 * bbr_flows / q)
     return (1 - p) * (1 - (q / c + 0.2 + rtt_s) / 10)
+
+
+def dualpi2_rate_balance(coupling: float, classic_rtt_s: float, scalable_rtt_s: float) -> float:
+    """A scalable flow's rate over a Reno-like classic flow's through one DualPI2 (RFC 9332, section 2.1 and
+    appendix A): the base probability p' marks L at p_L = k p' and drops or marks C at p_C = p'^2, a scalable
+    window holds 2 / p_L segments and Reno's 1.22 / sqrt(p_C), so the windows stand at 2 / (1.22 k) and the rates
+    at that times RTT_C / RTT_L. k = 2, the default, gives 0.82 at equal RTTs: the coupling's "roughly equal"."""
+    if coupling <= 0 or classic_rtt_s <= 0 or scalable_rtt_s <= 0:
+        raise ValueError("the coupling factor and both RTTs must be positive")
+    return 2 / (1.22 * coupling) * classic_rtt_s / scalable_rtt_s
 
 
 # Models a scenario's `expected: {share: {ALG: NAME}}` may name; each takes the profile's path and the set.

@@ -187,8 +187,8 @@ def plot_tradeoff(directory: Sink, doc: dict) -> str | None:
         ax.set_ylim(0, max(ys) * 1.15)
         rate = doc["profiles"][profile].get("up_rate_bps")
         if rate:
-            ax.axhline(rate / 1e6 * 1448 / 1514, color="gray", ls=":", lw=1)
-            ax.text(ax.get_xlim()[0], rate / 1e6 * 1448 / 1514, " max TCP goodput", fontsize=7, va="bottom",
+            ax.axhline(rate / 1e6 * models.PAYLOAD_SHARE, color="gray", ls=":", lw=1)
+            ax.text(ax.get_xlim()[0], rate / 1e6 * models.PAYLOAD_SHARE, " max TCP goodput", fontsize=7, va="bottom",
                     color="gray")
             ax.set_ylim(0, max(max(ys), rate / 1e6) * 1.15)
         ax.set_title(profile, fontsize=10)

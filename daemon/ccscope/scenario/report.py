@@ -17,6 +17,7 @@ from ccscope.errors import Interrupted
 from ccscope.units import format_bytes
 
 from . import models
+from .coupling import coupling_rows
 from .document import ResultsDocument
 from .plots import draw_all, write_plots
 from .results import planned
@@ -47,7 +48,7 @@ def render(directory: Path, doc: ResultsDocument, series: Series | None = None) 
     plots = draw_all(images, doc, load_series(directory, doc) if series is None else series)
     write_plots(directory, images)
     sections = (_html_header(doc), _html_incomplete(directory, doc), _html_mixed(doc), _html_problems(doc),
-                _html_summary(doc), _html_expected(doc),
+                _html_summary(doc), _html_expected(doc), _html_coupling(doc),
                 _html_real(doc), _html_plots(plots), _html_profiles(doc), _html_runs(doc), _html_downloads(doc),
                 _html_environment(doc), _html_hosts(doc), _html_footer(doc))
     path = directory / "report.html"
@@ -166,6 +167,32 @@ def _html_expected(doc: dict) -> str:
         "queue's RTT), its min RTT is the trough of CUBIC's sawtooth rather than a full buffer's, and in a 1-BDP "
         "buffer CUBIC keeps its loss-limited rate (docs/scenarios.md, \"BBR against CUBIC\"). Definitions and "
         "sources: docs/scenarios.md.</p>")
+
+
+def _html_coupling(doc: dict) -> str:
+    """A DualPI2 bottleneck's runs: the link used, and the L4S and classic flows' rates against the coupling."""
+    rows = coupling_rows(doc)
+    if not rows:
+        return ""
+
+    def mbps(bps: float | None) -> str:
+        return "-" if bps is None else f"{bps / 1e6:.2f}"
+
+    def ratio(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f}"
+
+    cells = [[r.profile, r.label, "-" if r.utilization is None else f"{100 * r.utilization:.1f}",
+              mbps(r.scalable_bps), mbps(r.classic_bps), ratio(r.balance), ratio(r.predicted),
+              "-" if r.balance is None or r.predicted is None else f"{r.balance / r.predicted:.2f}"] for r in rows]
+    return ("<h2>DualPI2: utilization and the coupling</h2>" + _table(
+        ["profile", "run", "utilization %", "L4S Mbit/s", "classic Mbit/s", "L4S / classic", "coupling predicts",
+         "measured / predicted"], cells) +
+        "<p>Utilization: the run's bulk goodput over what TCP can carry of the bottleneck's rate (1448 of each "
+        "1514-byte frame). The coupling (RFC 9332) marks the L queue at k times the base probability p' and the "
+        "C queue at p' squared, so a scalable flow (2 / p_L segments) and a Reno-like one (1.22 / sqrt(p_C)) "
+        "should settle at 2 / (1.22 k) times RTT_C / RTT_L of each other, taken here at the flows' mean srtt. "
+        "ccscope's prague cuts once per CWR round, about 1.3 RTTs, so it holds more than 2 / p_L and sits above "
+        "the prediction (docs/congestion-control.md).</p>")
 
 
 def _html_real(doc: dict) -> str:
