@@ -23,6 +23,7 @@ import pytest
 from cchelpers import delay_lines_kept_time, undone
 from ccscope.emulation.backends import tbf_params
 from ccscope.scenario import results, spec
+from ccscope.scenario.coupling import coupling_rows
 from ccscope.scenario.emulated import late_share
 from ccscope.units import parse_duration
 from ccscope_testkit.kernel_cc import bbr_gains_match, cubic_reduction
@@ -456,6 +457,12 @@ def _claim_l4s(doc: dict, share: Callable[[], float]) -> None:
     ratio = flows["prague"]["goodput_bps"] / flows["cubic"]["goodput_bps"]
     assert 1.0 <= ratio / predicted <= 2.3, (ratio, predicted)  # measured 1.40-1.80
     assert sum(f["goodput_bps"] for f in flows.values()) >= 0.9 * payload * share(), flows
+    # the report's coupling table (scenario/coupling.py) says the same of each run
+    coupled = {row.algorithms: row for row in coupling_rows(doc)}
+    together, scalable = coupled["prague+cubic"], coupled["prague"]
+    assert together.balance == pytest.approx(ratio) and together.predicted == pytest.approx(predicted), together
+    assert together.utilization == pytest.approx(sum(f["goodput_bps"] for f in flows.values()) / payload)
+    assert scalable.balance is None and scalable.utilization == pytest.approx(prague["goodput_bps"] / payload)
     _l4s_pings(doc, runs, profile["base_rtt_s"] * 1e3)
     # the report's rows say what each negotiated and how much of it was marked
     rows = {(r["algorithms"], r["algorithm"]): r for r in doc["summary"]}
@@ -478,6 +485,7 @@ def _marks_allowance(run: dict) -> float:
 
 
 QUIET_LATE_SHARE = 0.001  # of the link's packets: a tenth of the stall warning's share
+BUCKET_HALF = 2 ** (1 / 8)  # a sojourn percentile is its histogram bucket's middle (emulation/sojourn.py)
 
 
 def _l4s_pings(doc: dict, runs: dict[str, dict], base_ms: float) -> None:
@@ -508,8 +516,14 @@ def _l4s_pings(doc: dict, runs: dict[str, dict], base_ms: float) -> None:
         if late_share(*run["link"].values()) > QUIET_LATE_SHARE:
             continue
         assert abs(marked["median"] - base_ms - up["sojourn_l"]["median_ms"]) <= 0.5, (label, marked, up)
-        c_queue = up["sojourn_c"]["median_ms"]
-        assert abs(plain["median"] - base_ms - c_queue) <= 0.3 * c_queue, (label, plain, up)
+        # the plain ping samples the C queue in time, its sojourns are per packet: C's packets leave slower while
+        # L takes the link, when C's queue is longest, so the ping's median sits above theirs, by 1-19 % in the
+        # runs above, by 1-16 % in five prague+cubic runs (2026-12-02, late share 0.02-0.4 %) and by 34 % in one
+        # beside them (late share under 0.1 %). So it is held inside the C queue's body: from the median's
+        # bucket's lower edge to the p95's upper one (the buckets are 2^(1/4) wide, ~9 % each side of the middle)
+        c_queue = up["sojourn_c"]
+        assert c_queue["median_ms"] / BUCKET_HALF <= plain["median"] - base_ms <= c_queue["p95_ms"] * BUCKET_HALF, \
+            (label, plain, up)
     rows = {(r["algorithms"], r["algorithm"]): r for r in doc["summary"]}
     assert rows["cubic", "cubic"]["ping_l4s_p95_ms"]["mean"] == runs["cubic"]["ping_l4s"]["rtt_ms"]["p95"]
 
