@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from ccscope import check
 from ccscope.errors import BpfError, PrerequisiteError, UsageError
+from ccscope.host import algorithms
 from ccscope.loader import PROGRAMS
 from ccscope_testkit.net import held_link_count, wait_for
 from ccscope_testkit.prereqs import require, require_bpf_object, require_root, require_tools
@@ -182,6 +183,23 @@ def test_kernel_btf_without_our_tracepoints(tmp_path: Path) -> None:
     assert any(line.startswith("tracepoints") and "FAIL" in line for line in checked.stdout.splitlines())
     assert checked.stderr.strip().startswith("ccscope: cannot run here:")
     assert_one_line_error(run_cli("daemon", env={"CCSCOPE_BTF": str(fake)}), BPF, "kernel rejected the BPF programs")
+
+
+def test_check_says_in_one_line_which_algorithm_lacks_its_type(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An algorithm the kernel could load as a module whose type is in no BTF (the module not loaded): `check`
+    warns, naming the module to load, on one line. dctcp stands in for a distribution's tcp_bbr.ko: this kernel
+    has no dctcp, so its type is in neither vmlinux nor a module's BTF; the list of loadable ones is patched as if
+    /lib/modules held tcp_dctcp.ko (the stock-kernel lab's guest checks the same with tcp_bbr unloaded for real)."""
+    require_root()
+    require_bpf_object()
+    require(not Path("/sys/kernel/btf/tcp_dctcp").exists(), "this kernel has dctcp's type")
+    real = algorithms.available_algorithms
+    monkeypatch.setattr(algorithms, "available_algorithms", lambda: real() | {"dctcp"})
+    said = check.check_algorithm_state()
+    assert said.status == "warn" and "\n" not in said.detail, said
+    assert said.detail.endswith("; no state for dctcp (its type is in no BTF: load its module, e.g. modprobe "
+                                "tcp_dctcp)"), said
+    assert said.detail.startswith("bbr (vmlinux), cubic (vmlinux)"), said
 
 
 def test_check_passes_here() -> None:

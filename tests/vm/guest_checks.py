@@ -264,15 +264,30 @@ def check_core(probe: Probe) -> dict:
         drop_netns("klnes", "klnet", "klner")
 
 
+def _unload_tcp_bbr(deadline_s: float = 10.0) -> bool:
+    """tcp_bbr unloaded (the lab's init loads it; a netns or socket that used it may hold it a moment)."""
+    deadline = time.monotonic() + deadline_s
+    while "tcp_bbr " in read("/proc/modules") + "\n":
+        if subprocess.run(["rmmod", "tcp_bbr"], capture_output=True, check=False).returncode == 0:
+            break
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
 def check_ccstate(probe: Probe) -> dict:
-    """Each algorithm's own state on this kernel: what `ccscope check` says of it (before anything loads
-    tcp_bbr), and a lossy CUBIC flow's state (W_max, K, ssthresh) through the object's other build
-    (bpf_skc_to_tcp_sock: 6.1 lacks bpf_rdonly_cast), read once the flow rests."""
+    """Each algorithm's own state on this kernel. First with tcp_bbr unloaded: what `ccscope check` says of it,
+    and a lossy CUBIC flow's state (W_max, K, ssthresh) through the object's other build (bpf_skc_to_tcp_sock:
+    6.1 lacks bpf_rdonly_cast), read once the flow rests; then, the module loaded after the state program, a
+    BBR flow, which must carry no state and raise nothing. Then with the module: the check again, and a BBR
+    flow's state through its module BTF, by a state program loaded after it."""
     from ccscope.ccstate.probe import StateProbe
     from ccscope.check import check_algorithm_state
 
+    out: dict = {"unloaded": _unload_tcp_bbr()}
     said = check_algorithm_state()
-    out: dict = {"check": [said.status, said.detail], "modules": read("/proc/modules").split("\n")}
+    out.update({"check_without": [said.status, said.detail], "modules": read("/proc/modules").split("\n")})
     try:
         state_probe = StateProbe(interval_ns=1_000_000)
         state_probe.open()
@@ -298,26 +313,34 @@ def check_ccstate(probe: Probe) -> dict:
                             "snd_ssthresh": cubic.snd_ssthresh, "snd_cwnd": cubic.snd_cwnd}})
         finally:
             flow.close()
-        # a BBR flow on the same path, where tcp_bbr's module BTF is there: its state through that BTF
-        if "tcp_bbr" in read("/proc/modules"):
-            set_cc("klnes", "bbr")
-            flow = BulkFlow("klner", receiver, "klnes", 128 << 10, timeout=120)
-            try:
-                cookie = int.from_bytes(flow.client.getsockopt(socket.SOL_SOCKET, 57, 8), "little")
-                flow.server.send(b"n")
-                flow.client.recv(1)
-                time.sleep(0.05)
-                from ccscope.ccstate.decoders import decode
-
-                raw = state_probe.raw(cookie)
-                state = decode(raw) if raw is not None else None
-                out["bbr"] = {"ca": flow.ca, "state": state.as_dict() if state else None}
-            finally:
-                flow.close()
+        sh("modprobe", "tcp_bbr")
+        set_cc("klnes", "bbr")
+        out["bbr_unknown"] = _bbr_flow(state_probe, receiver)  # the program met no struct bbr at its load
+        said = check_algorithm_state()
+        out["check"] = [said.status, said.detail]
+        with StateProbe(interval_ns=1_000_000) as knowing:  # loaded with tcp_bbr's module BTF there
+            out["bbr"] = _bbr_flow(knowing, receiver)
         return out
     finally:
         drop_netns("klnes", "klnet", "klner")
         state_probe.close()
+
+
+def _bbr_flow(state_probe, receiver: str) -> dict:
+    """A short BBR flow on the ccstate path, and its state as `state_probe` copied it at rest (None: none)."""
+    from ccscope.ccstate.decoders import decode
+
+    flow = BulkFlow("klner", receiver, "klnes", 128 << 10, timeout=120)
+    try:
+        cookie = int.from_bytes(flow.client.getsockopt(socket.SOL_SOCKET, 57, 8), "little")
+        flow.server.send(b"n")
+        flow.client.recv(1)
+        time.sleep(0.05)
+        raw = state_probe.raw(cookie)
+        state = decode(raw) if raw is not None else None
+        return {"ca": flow.ca, "state": state.as_dict() if state else None}
+    finally:
+        flow.close()
 
 
 def check_attribution(probe: Probe) -> dict:
