@@ -37,6 +37,7 @@ from pathlib import Path
 from ccscope.cc import provided, registry
 from ccscope.emulation import PathProfile, Testbed
 from ccscope.libbpf import Libbpf
+from ccscope_testkit.bench import cpu_model
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -137,7 +138,7 @@ def analyse(flows: dict[str, list[dict]]) -> dict[str, dict]:
 def report(result: dict[str, dict], args: argparse.Namespace, load: tuple[float, float]) -> str:
     overhead = result.pop("_accounting_ns_per_call")["value"]
     lines = ["# Per-ACK cost of ccscope's BPF congestion controls (bench/cc.py)", "",
-             f"Host: kernel {platform.release()}, {os.cpu_count()} CPUs; load average before/after "
+             f"Host: kernel {platform.release()}, {os.cpu_count()} CPUs ({cpu_model()}); load average before/after "
              f"{load[0]:.2f}/{load[1]:.2f}. Path: 50 Mbit/s, 10 ms RTT (userspace backend), one iperf3 flow of "
              f"{args.seconds:g} s per algorithm, {args.rounds} rounds in shuffled order; medians over rounds.",
              f"Accounting cost per call (bpf_reno's empty pkts_acked), subtracted from every program: "

@@ -42,10 +42,10 @@ def cpu_ns(pid: int) -> int:
 def conditions() -> str:
     load = os.getloadavg()
     return (f"{time.strftime('%Y-%m-%d %H:%M %Z')}; kernel {platform.release()}; {os.cpu_count()} CPUs "
-            f"({_cpu_model()}); load average {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} at the end")
+            f"({cpu_model()}); load average {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f} at the end")
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
     for line in Path("/proc/cpuinfo").read_text().splitlines():
         if line.startswith("model name"):
             return line.split(":", 1)[1].strip()
