@@ -446,6 +446,8 @@ static __always_inline void refresh(struct flow *f, struct sock *sk, struct tcp_
 	if (bpf_core_field_exists(tp->delivered_ce)) /* since 5.1 */
 		f->delivered_ce = tp->delivered_ce;
 	f->ecn_flags = tp->ecn_flags;
+	/* INET_ECN_xmit() and INET_ECN_dontxmit() keep an IPv6 socket's tos beside its traffic class: one read */
+	f->ecn_codepoint = tp->inet_conn.icsk_inet.tos & 3;
 	if (bpf_core_field_exists(tp->dsack_dups)) /* since 5.0 */
 		f->dsack_dups = tp->dsack_dups;
 	f->rate_delivered = tp->rate_delivered;

@@ -102,7 +102,8 @@ struct flow {
 	char comm[CCSCOPE_COMM_LEN]; /* that process's name at connect/listen time */
 	__u32 delivered_ce;    /* packets delivered with a CE mark, as the peer fed back (tcpi_delivered_ce) */
 	__u8 ecn_flags;        /* tp->ecn_flags: bit 0 classic ECN, bit 4 AccECN (6.18+), both while pending */
-	__u8 __pad1[3];
+	__u8 ecn_codepoint;    /* inet->tos & 3 as the last segment left: 0 Not-ECT, 1 ECT(1) (L4S), 2 ECT(0) */
+	__u8 __pad1[2];
 	__u32 dsack_dups;      /* segments the peer reported it already had (DSACK): spurious retransmits, 5.0+ */
 	__u32 __pad2;
 };

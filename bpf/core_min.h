@@ -106,6 +106,7 @@ struct bpf_iter__task_file {
 
 struct inet_sock {
 	struct sock sk;
+	__u8 tos;	/* its low two bits: the ECN codepoint tcp_ecn_send() puts on the socket's next segments */
 };
 
 struct ack_sample {

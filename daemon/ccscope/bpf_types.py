@@ -96,7 +96,8 @@ class Flow(ctypes.Structure):
         ("comm", ctypes.c_char * COMM_LEN),
         ("delivered_ce", u32),
         ("ecn_flags", u8),
-        ("__pad1", u8 * 3),
+        ("ecn_codepoint", u8),
+        ("__pad1", u8 * 2),
         ("dsack_dups", u32),
         ("__pad2", u32),
     ]

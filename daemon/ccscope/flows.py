@@ -28,6 +28,8 @@ TCP_STATES = {
 # bit 4 alone AccECN, both while a handshake that asked for AccECN is pending
 ECN_MODES = {0x00: "off", 0x01: "ecn", 0x10: "accecn", 0x11: "pending"}
 ECN_MODE_BITS = 0x11
+# the IP header's two ECN bits (RFC 3168, RFC 9331), by value: what the socket marks its segments with
+ECN_CODEPOINTS = ("not-ect", "ect1", "ect0", "ce")
 INFINITE_SSTHRESH = 0x7FFFFFFF
 UNLIMITED_PACING = (1 << 64) - 1
 
@@ -79,6 +81,7 @@ class FlowRecord:
     delivered_packets: int = 0     # tcpi_delivered
     delivered_ce_packets: int = 0  # tcpi_delivered_ce: delivered with a CE mark, as the peer fed back
     ecn: str = "off"               # negotiated: ECN_MODES' values
+    ecn_codepoint: str = "not-ect"  # ECN_CODEPOINTS': on the socket's last segment; ect1 is L4S's identifier
     spurious_retransmits: int = 0  # tcpi_dsack_dups: retransmitted segments the peer already had (DSACK)
 
     @property
@@ -189,6 +192,7 @@ RECORD_FIELDS: tuple[RecordField, ...] = (
     RecordField("delivered_packets", "delivered"),
     RecordField("delivered_ce_packets", "delivered_ce"),
     RecordField("ecn", "ECN_MODES[ecn_flags & ECN_MODE_BITS]"),
+    RecordField("ecn_codepoint", "ECN_CODEPOINTS[ecn_codepoint & 3]"),
     RecordField("spurious_retransmits", "dsack_dups"),
 )
 
@@ -232,7 +236,8 @@ def _text(raw: bytes) -> str:
 
 RECORD_NAMESPACE = {
     "AF_INET6": socket.AF_INET6, "CA_STATES": CA_STATES, "TCP_STATES": TCP_STATES, "ECN_MODES": ECN_MODES,
-    "ECN_MODE_BITS": ECN_MODE_BITS, "INFINITE_SSTHRESH": INFINITE_SSTHRESH, "UNLIMITED_PACING": UNLIMITED_PACING,
+    "ECN_MODE_BITS": ECN_MODE_BITS, "ECN_CODEPOINTS": ECN_CODEPOINTS, "INFINITE_SSTHRESH": INFINITE_SSTHRESH,
+    "UNLIMITED_PACING": UNLIMITED_PACING,
     "_address": _address, "_text": _text,
 }
 _record_fields = compile_record(RECORD_FIELDS, "record_fields")

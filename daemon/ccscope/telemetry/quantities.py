@@ -16,7 +16,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ccscope.flows import CA_STATES
+from ccscope.flows import CA_STATES, ECN_CODEPOINTS
 
 ECN_VALUES = {"off": 0, "ecn": 1, "accecn": 2}
 
@@ -196,6 +196,11 @@ QUANTITIES: tuple[Quantity, ...] = (
              "pending.", "ccscope_flow_ecn",
              Otlp("ccscope.tcp.flow.ecn", "1", "ECN negotiated: 0 off, 1 classic (RFC 3168), 2 AccECN."),
              value=lambda flow: ECN_VALUES.get(flow.ecn)),
+    Quantity("ecn_codepoint", "gauge", "ECN codepoint of the socket's last segment, as the IP header carries it: "
+             "0 Not-ECT, 1 ECT(1) (L4S's identifier, RFC 9331), 2 ECT(0).", "ccscope_flow_ecn_codepoint",
+             Otlp("ccscope.tcp.flow.ecn_codepoint", "1",
+                  "ECN codepoint of the socket's last segment: 0 Not-ECT, 1 ECT(1) (L4S), 2 ECT(0)."),
+             value=lambda flow: ECN_CODEPOINTS.index(flow.ecn_codepoint)),
 )
 
 
