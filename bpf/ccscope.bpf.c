@@ -397,17 +397,36 @@ static __always_inline struct listener_key listener_of(const struct sock *sk)
 	return key;
 }
 
-/* Owner of a new flow: its connect() record, else (accepted) its listener's, else none. */
+/*
+ * seed_owners' key for a socket that had no cookie yet: its address. Kernel addresses lie above 2^63 and
+ * cookies below, so both share the owners map; the entry is taken by the socket's flow or dropped at its close.
+ */
+static __always_inline __u64 address_key(const struct sock *sk)
+{
+	return (__u64)sk;
+}
+
+/* Owner of a new flow: its connect() record, else (accepted) its listener's, else the seed's, else none. */
 static __always_inline void attribute(struct flow *f, const struct sock *sk, __u64 cookie)
 {
 	struct listener_key key;
 	struct owner *o;
+	__u64 address;
 
 	f->cgroup_id = socket_cgroup_id(sk);
 	o = bpf_map_lookup_elem(&owners, &cookie);
 	if (!o) {
 		key = listener_of(sk);
 		o = bpf_map_lookup_elem(&listeners, &key);
+	}
+	if (!o) {
+		address = address_key(sk);
+		o = bpf_map_lookup_elem(&owners, &address);
+		if (o) {
+			bpf_map_update_elem(&owners, &cookie, o, BPF_NOEXIST);
+			bpf_map_delete_elem(&owners, &address);
+			o = bpf_map_lookup_elem(&owners, &cookie);
+		}
 	}
 	if (o) {
 		f->tgid = o->tgid;
@@ -736,7 +755,7 @@ static __always_inline void record_owner(const struct sock *sk, int newstate)
 SEC("tp_btf/inet_sock_set_state")
 int BPF_PROG(inet_sock_set_state, const struct sock *sk, const int oldstate, const int newstate)
 {
-	__u64 cookie, now;
+	__u64 cookie, address, now;
 	struct flow *f;
 	struct tcp_sock *tp;
 
@@ -758,6 +777,8 @@ int BPF_PROG(inet_sock_set_state, const struct sock *sk, const int oldstate, con
 		return 0;
 	}
 	bpf_map_delete_elem(&owners, &cookie);
+	address = address_key(sk); /* a seeded socket that closes before it is a flow */
+	bpf_map_delete_elem(&owners, &address);
 	f = bpf_map_lookup_elem(&flows, &cookie);
 	if (!f) { /* untracked, or a flow the LRU evicted: its causes, if any, go with it */
 		bpf_map_delete_elem(&retrans_causes, &cookie);
@@ -815,7 +836,17 @@ int seed_owners(struct bpf_iter__task_file *ctx)
 		bpf_map_update_elem(&listeners, &key, &o, BPF_NOEXIST);
 		return 0;
 	}
-	cookie = bpf_get_socket_cookie(sk);
+	/*
+	 * sock->sk is an untrusted pointer to the 6.18.44 verifier, which bpf_get_socket_cookie() refuses: the
+	 * cookie is read as the helper would return it once made, and a socket without one yet (nothing has asked
+	 * for it: tcp_probe, ss, SO_COOKIE) is keyed by its address until its flow is made.
+	 */
+	cookie = sk->__sk_common.skc_cookie.counter;
+	if (!cookie) {
+		cookie = address_key(sk);
+		bpf_map_update_elem(&owners, &cookie, &o, BPF_NOEXIST);
+		return 0;
+	}
 	bpf_map_update_elem(&owners, &cookie, &o, BPF_NOEXIST);
 	f = bpf_map_lookup_elem(&flows, &cookie);
 	if (f && !f->tgid) {

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,8 @@ from pathlib import Path
 import pytest
 from ccscope.attribution import RULES, CgroupResolver, cgroup2_mount, parse_workload, truncate
 from ccscope.exporter import FLOW_LABELS
+from ccscope.flows import decode
+from ccscope.loader import ProbeOptions, TelemetryProbe
 from ccscope.telemetry import quantities
 from ccscope_testkit.cgroups import Tree, cgroup_tree, kubepods_systemd, pod_logs
 from ccscope_testkit.net import cli, daemon, free_port, parse_metrics, values, wait_for
@@ -213,3 +216,50 @@ def test_a_resolver_that_does_not_follow_takes_no_watches_and_still_resolves(tre
     finally:
         resolver.close()
     assert _inotify_instances() == before
+
+
+SEEDED_PEER = """
+import ctypes, socket, sys
+ctypes.CDLL(None).prctl(15, sys.argv[1].encode(), 0, 0, 0)
+listener = socket.create_server(("127.0.0.1", 0))
+pairs = []
+for ask_cookie in (False, True):
+    client = socket.create_connection(listener.getsockname())
+    server, _ = listener.accept()
+    if ask_cookie:  # SO_COOKIE makes the socket's cookie, as tcp_probe, ss or a daemon's scrape would
+        client.getsockopt(socket.SOL_SOCKET, 57, 8)
+    pairs.append((client, server))
+print(" ".join(str(c.getsockname()[1]) for c, _ in pairs), flush=True)
+sys.stdin.readline()  # idle until the probe has attached and seeded its owners
+for client, server in pairs:
+    client.sendall(b"x" * 1000)
+    server.recv(1000)
+print("sent", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_sockets_opened_before_the_probe_get_their_owner() -> None:
+    """seed_owners names the process of sockets that existed before ccscope attached: one whose cookie was made
+    before (keyed by it), and one that had none until its first segment after the attach (keyed by the socket's
+    address until tcp_probe makes its flow; 6.18.44's verifier refuses bpf_get_socket_cookie on that pointer)."""
+    require_root()
+    require_bpf_object()
+    peer = subprocess.Popen([sys.executable, "-c", SEEDED_PEER, "ccs-seeded"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        ports = {int(p) for p in peer.stdout.readline().split()}
+        with TelemetryProbe(ProbeOptions()) as probe:
+            assert probe.seeded
+            peer.stdin.write("go\n")
+            peer.stdin.flush()
+            assert peer.stdout.readline().strip() == "sent"
+
+            def owners() -> dict[int, tuple[str, int]]:
+                return {flow.sport: (flow.comm, flow.tgid) for flow in map(decode, probe.read_flows())
+                        if flow.sport in ports and flow.src == "127.0.0.1"}
+            assert wait_for(lambda: len(owners()) == 2, 5), owners()
+            assert owners() == dict.fromkeys(ports, ("ccs-seeded", peer.pid)), owners()
+    finally:
+        peer.kill()
+        peer.wait()
